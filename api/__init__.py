@@ -1,0 +1,1 @@
+"""specscribe service edge: HTTP API and the command line."""

@@ -1,0 +1,1 @@
+"""specscribe workers: everything that runs inside a worker process (ingest, ASR engine, stitching)."""

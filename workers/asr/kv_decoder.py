@@ -1,0 +1,160 @@
+"""A Whisper decoder driven step by step over a preallocated key/value cache.
+
+Why not the transformers decoder forward: speculative decoding crops the self-attention cache after
+every verify pass and runs many tiny forwards. transformers' ``DynamicCache`` grows by concatenation
+and its forward builds masks and output objects on every call; here the cache is one preallocated
+tensor per layer, a crop is a length change, and cross-attention keys/values are computed once per
+chunk (and shared with the int8 drafter, whose cross-attention would otherwise re-project the same
+encoder output). The arithmetic is the transformers modules' own: the same ``nn.Linear``/``LayerNorm``
+objects (quantised ones for the int8 drafter), the same query pre-scaling, exact GELU from the layer.
+
+Ragged batches keep one cache length per row (no left padding): a row's new keys are written at its
+own offset, and the attention mask lets each query see only its row's valid prefix. Positions come
+from the row's own length, so a row decodes exactly as it would alone.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from workers.asr.loading import WhisperParts
+
+CrossKV = list[tuple[torch.Tensor, torch.Tensor]]
+"""Per decoder layer: cross-attention keys and values, shaped [batch, heads, frames, head_dim]."""
+
+
+def _dtype_of(decoder: nn.Module) -> torch.dtype:
+    return decoder.embed_tokens.weight.dtype
+
+
+class KVDecoder:
+    """Incremental decoder over a fixed-size cache for ``batch_size`` rows of at most ``max_length`` tokens."""
+
+    def __init__(self, parts: WhisperParts, batch_size: int, max_length: int) -> None:
+        self.decoder = parts.decoder
+        self.proj_out = parts.proj_out
+        self.layers = list(parts.decoder.layers)
+        attn = self.layers[0].self_attn
+        self.heads = attn.num_heads
+        self.head_dim = attn.head_dim
+        self.scaling = attn.scaling
+        self.dtype = _dtype_of(parts.decoder)
+        self.device = parts.decoder.embed_tokens.weight.device
+        self.batch_size = batch_size
+        self.max_length = max_length
+        shape = (batch_size, self.heads, max_length, self.head_dim)
+        self.keys = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
+        self.values = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
+        self.lengths = [0] * batch_size
+        self.cross: CrossKV = []
+
+    def cross_kv(self, encoder_hidden: torch.Tensor) -> CrossKV:
+        """Project an encoder output [rows, frames, d_model] into this decoder's cross-attention K/V."""
+        hidden = encoder_hidden.to(self.dtype)
+        rows, frames = hidden.shape[:2]
+        out: CrossKV = []
+        for layer in self.layers:
+            attn = layer.encoder_attn
+            k = attn.k_proj(hidden).view(rows, frames, self.heads, self.head_dim).transpose(1, 2)
+            v = attn.v_proj(hidden).view(rows, frames, self.heads, self.head_dim).transpose(1, 2)
+            out.append((k.contiguous(), v.contiguous()))
+        return out
+
+    def start(self, cross: CrossKV) -> None:
+        """Begin decoding new chunks: empty every row's cache and attend to ``cross``."""
+        self.cross = [(k.to(self.dtype), v.to(self.dtype)) for k, v in cross]
+        self.lengths = [0] * self.batch_size
+
+    def crop(self, row: int, length: int) -> None:
+        """Forget everything past ``length`` tokens of ``row`` (after a rejected draft)."""
+        if length < self.lengths[row]:
+            self.lengths[row] = length
+
+    def forward(self, tokens: torch.Tensor, rows: list[int] | None = None) -> torch.Tensor:
+        """Feed ``tokens`` [len(rows), q] (appended to each row's cache) and return logits [len(rows), q, V].
+
+        ``rows`` selects which cache rows the token rows belong to (all rows by default).
+        """
+        rows = list(range(self.batch_size)) if rows is None else rows
+        n, q = tokens.shape
+        if tokens.shape[0] != len(rows):
+            raise ValueError(f"{tokens.shape[0]} token rows for {len(rows)} cache rows")
+        starts = [self.lengths[r] for r in rows]
+        if max(starts) + q > self.max_length:
+            raise ValueError(f"decoder cache of {self.max_length} tokens exceeded")
+        offsets = torch.tensor(starts, device=self.device)[:, None] + torch.arange(q, device=self.device)
+        hidden = self.decoder.embed_tokens(tokens) + self.decoder.embed_positions.weight[offsets]
+        end = max(starts) + q
+        mask = self._mask(starts, q, end)
+        same = len(set(starts)) == 1
+        row_index = torch.tensor(rows, device=self.device)
+        contiguous_rows = rows == list(range(rows[0], rows[0] + n))
+        for i, layer in enumerate(self.layers):
+            hidden = self._layer(i, layer, hidden, rows, row_index, contiguous_rows, starts, same, q, end, mask)
+        hidden = self.decoder.layer_norm(hidden)
+        for r in rows:
+            self.lengths[r] += q
+        return self.proj_out(hidden)
+
+    def _mask(self, starts: list[int], q: int, end: int) -> torch.Tensor | None:
+        if len(starts) == 1 and q == 1:
+            return None  # one query attends to the whole valid prefix
+        key_pos = torch.arange(end, device=self.device)
+        limit = torch.tensor(starts, device=self.device)[:, None] + torch.arange(q, device=self.device)
+        return (key_pos[None, None, :] <= limit[:, :, None])[:, None]  # [rows, 1, q, end]
+
+    def _layer(
+        self,
+        i: int,
+        layer: nn.Module,
+        hidden: torch.Tensor,
+        rows: list[int],
+        row_index: torch.Tensor,
+        contiguous_rows: bool,
+        starts: list[int],
+        same: bool,
+        q: int,
+        end: int,
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        n = hidden.shape[0]
+        attn = layer.self_attn
+        residual = hidden
+        h = layer.self_attn_layer_norm(hidden)
+        query = (attn.q_proj(h) * self.scaling).view(n, q, self.heads, self.head_dim).transpose(1, 2)
+        key = attn.k_proj(h).view(n, q, self.heads, self.head_dim).transpose(1, 2)
+        value = attn.v_proj(h).view(n, q, self.heads, self.head_dim).transpose(1, 2)
+        cache_k, cache_v = self.keys[i], self.values[i]
+        if same and contiguous_rows:
+            lo, hi, s = rows[0], rows[0] + n, starts[0]
+            cache_k[lo:hi, :, s : s + q] = key
+            cache_v[lo:hi, :, s : s + q] = value
+            keys, values = cache_k[lo:hi, :, :end], cache_v[lo:hi, :, :end]
+        else:
+            for j, (r, s) in enumerate(zip(rows, starts)):
+                cache_k[r, :, s : s + q] = key[j]
+                cache_v[r, :, s : s + q] = value[j]
+            keys, values = cache_k[row_index, :, :end], cache_v[row_index, :, :end]
+        h = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=1.0)
+        h = attn.out_proj(h.transpose(1, 2).reshape(n, q, -1))
+        hidden = residual + h
+
+        cross = layer.encoder_attn
+        residual = hidden
+        h = layer.encoder_attn_layer_norm(hidden)
+        query = (cross.q_proj(h) * self.scaling).view(n, q, self.heads, self.head_dim).transpose(1, 2)
+        ck, cv = self.cross[i]
+        if contiguous_rows:
+            ck, cv = ck[rows[0] : rows[0] + n], cv[rows[0] : rows[0] + n]
+        else:
+            ck, cv = ck[row_index], cv[row_index]
+        h = F.scaled_dot_product_attention(query, ck, cv, scale=1.0)
+        h = cross.out_proj(h.transpose(1, 2).reshape(n, q, -1))
+        hidden = residual + h
+
+        residual = hidden
+        h = layer.final_layer_norm(hidden)
+        h = layer.fc2(layer.activation_fn(layer.fc1(h)))
+        return residual + h

@@ -1,0 +1,50 @@
+"""One settings object, read from ``SPECSCRIBE_*`` environment variables."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_cache_dir() -> Path:
+    import os
+
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "specscribe"
+
+
+class Settings(BaseSettings):
+    """Service configuration; every field can be set as ``SPECSCRIBE_<NAME>``."""
+
+    model_config = SettingsConfigDict(env_prefix="SPECSCRIBE_", extra="ignore")
+
+    cache_dir: Path = Field(default_factory=_default_cache_dir, description="Converted models, local DB.")
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    chunk_ttl_seconds: int = 24 * 3600
+
+    # ingest: decoding and archives
+    decode_max_seconds: float = Field(12 * 3600, description="Refuse recordings that decode longer.")
+    archive_max_members: int = Field(10_000, description="Most entries one archive may hold.")
+    archive_max_member_bytes: int = Field(8 << 30, description="Largest uncompressed member (counted).")
+    archive_max_total_bytes: int = Field(32 << 30, description="Most uncompressed bytes per archive.")
+
+    # ingest: voice activity and chunking (see workers/vad.py, workers/chunk.py)
+    vad_threshold: float = 0.5
+    vad_neg_threshold: float = 0.35
+    vad_min_speech_seconds: float = 0.25
+    vad_min_silence_seconds: float = 0.1
+    vad_speech_pad_seconds: float = 0.1
+    vad_loud_db: float = Field(-35.0, description="Non-speech frames louder than this (dBFS RMS) are kept.")
+    chunk_max_seconds: float = 30.0
+    chunk_overlap_seconds: float = Field(1.0, description="Overlap at a forced cut (no pause in reach).")
+    chunk_min_skip_seconds: float = Field(1.0, description="Shortest silence left out between chunks.")
+    chunk_split_pause_seconds: float = Field(4.0, description="Silences this long always end a chunk.")
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings (read once)."""
+    return Settings()
