@@ -9,6 +9,8 @@ import typer
 app = typer.Typer(help="specscribe: lossless speculative Whisper transcription.", no_args_is_help=True)
 bench_app = typer.Typer(help="Benchmarks that print side-by-side ratios.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
+drafter_app = typer.Typer(help="Train drafters: synthesise a corpus, distil one for a verifier.", no_args_is_help=True)
+app.add_typer(drafter_app, name="drafter")
 
 
 @bench_app.command("engine")
@@ -38,6 +40,73 @@ def bench_engine(
     print(format_table(report))
     if json_path:
         write_json(report, json_path)
+
+
+@drafter_app.command("corpus")
+def drafter_corpus(
+    out: Path = typer.Option(..., help="Directory for the FLAC recordings and manifest.jsonl."),
+    hours: float = typer.Option(1.0, min=0.01, help="Hours of speech to synthesise."),
+    text: list[Path] = typer.Option(None, help="Text files to read (default: prose found on this system)."),
+    seed: int = typer.Option(0, help="Seed for sentence order, voices, speeds, pauses and noise."),
+    workers: int = typer.Option(2, min=1, help="Parallel synthesis processes."),
+) -> None:
+    """Synthesise an English training corpus offline with every installed voice (no benchmark sentences)."""
+    from rich.progress import Progress
+
+    from workers.asr.corpus import build_corpus, system_prose
+    from workers.speech import available_voices
+
+    texts = [p.read_text(encoding="utf-8", errors="replace") for p in text] if text else system_prose(seed)
+    with Progress() as bar:
+        task = bar.add_task("synthesising", total=None)
+        report = lambda done, total: bar.update(task, completed=done, total=total)  # noqa: E731
+        rows = build_corpus(out, hours, texts, available_voices(), seed, workers, report)
+    seconds = sum(row["seconds"] for row in rows)
+    print(f"{len(rows)} recordings, {seconds / 3600:.2f} h of speech in {out}")
+
+
+@drafter_app.command("distill")
+def drafter_distill(
+    verifier: str = typer.Option(..., help="Verifier model reference (e.g. bundled:whisper-base)."),
+    audio: Path = typer.Option(..., exists=True, help="Unlabeled recordings: a directory or an archive."),
+    out: Path = typer.Option(..., help="Output directory (drafter.safetensors, drafter.json, checkpoint.pt)."),
+    layers: int = typer.Option(2, min=1, help="Decoder layers of the drafter."),
+    device: str = typer.Option("cpu", help="cpu or cuda:N."),
+    hours_limit: float | None = typer.Option(None, min=0.0, help="Use at most this many hours of chunks."),
+    steps: int = typer.Option(300, min=1, help="Training steps."),
+    batch: int = typer.Option(8, min=1, help="Sequences per step."),
+    lr: float = typer.Option(3e-4, min=0.0, help="Peak learning rate."),
+    language: str | None = typer.Option(None, help="Label in this language (default: detect per chunk)."),
+    cache_dir: Path | None = typer.Option(None, help="Label cache (default: <cache_dir>/distill)."),
+    seed: int = typer.Option(0, help="Seed of the batch schedule."),
+    resume: bool = typer.Option(False, help="Continue from OUT/checkpoint.pt."),
+) -> None:
+    """Distil a decoder-only drafter for VERIFIER from unlabeled audio (pseudo-labelled by the verifier)."""
+    import shlex
+    import sys
+
+    from workers.asr.distill import DistillConfig, TrainConfig, run_distill
+
+    train = TrainConfig(steps=steps, batch=batch, lr=lr, seed=seed)
+    command = shlex.join(["specscribe", *sys.argv[1:]])
+    config = DistillConfig(
+        verifier, audio, out, layers, device, hours_limit, language, cache_dir=cache_dir, resume=resume, train=train,
+        command=command,
+    )  # fmt: skip
+    meta = run_distill(config)
+    print(
+        f"{meta['data_hours']} h in {meta['chunks']} chunks ({meta['chunks_dropped']} dropped); held-out agreement "
+        f"{meta['agreement_init']:.1%} -> {meta['agreement']:.1%}; written to {out}"
+    )
+
+
+# Pipeline commands (local mode, worker roles, job store, pipeline benchmark) live in api/pipeline_cli.py.
+from api.pipeline_cli import bench_pipeline, db_app, transcribe, worker_app  # noqa: E402
+
+app.command("transcribe")(transcribe)
+app.add_typer(worker_app, name="worker")
+app.add_typer(db_app, name="db")
+bench_app.command("pipeline")(bench_pipeline)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -42,6 +42,30 @@ class Settings(BaseSettings):
     chunk_overlap_seconds: float = Field(1.0, description="Overlap at a forced cut (no pause in reach).")
     chunk_min_skip_seconds: float = Field(1.0, description="Shortest silence left out between chunks.")
     chunk_split_pause_seconds: float = Field(4.0, description="Silences this long always end a chunk.")
+
+    # pipeline: job store, broker, workers (see workers/jobstore.py, workers/celery_app.py)
+    default_pair: str = Field(
+        "bundled:whisper-base+int8:", description="VERIFIER+DRAFTER used when a job names no pair."
+    )
+    database_url: str = Field("", description="SQLAlchemy URL; empty: SQLite file under cache_dir.")
+    broker_url: str = Field("", description="Celery broker; empty: redis_url.")
+    visibility_timeout: int = Field(
+        3600, description="Seconds before an unacknowledged task is redelivered; above the longest task."
+    )
+    ingest_time_limit: int = Field(3 * 3600, description="Hard limit on one ingest task (prefork pool).")
+    asr_time_limit: int = Field(900, description="Hard limit on one transcribe task (prefork pool).")
+    task_max_retries: int = Field(8, description="Retries of a task on transient errors (with backoff).")
+    transcribe_task_chunks: int = Field(1, description="Chunks per transcribe task (one recording).")
+    asr_device: str = Field("cpu", description="Device of an ASR worker started without --device.")
+    asr_batch_size: int = Field(1, description="Chunks an ASR worker decodes per engine call.")
+
+    @model_validator(mode="after")
+    def _fill_derived_urls(self) -> Settings:
+        if not self.database_url:
+            self.database_url = f"sqlite:///{self.cache_dir / 'specscribe.db'}"
+        if not self.broker_url:
+            self.broker_url = self.redis_url
+        return self
 
 
 @lru_cache(maxsize=1)

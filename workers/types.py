@@ -186,3 +186,33 @@ class ChunkPlan:
     @property
     def duration(self) -> float:
         return self.num_samples / SAMPLE_RATE
+
+
+# --- transcribe and stitch -----------------------------------------------------------------------
+
+
+@dataclass
+class ChunkResult:
+    """One decoded chunk placed on its recording's timeline (``segments`` are relative to ``start``)."""
+
+    index: int
+    start: float
+    end: float
+    overlap: float
+    """Seconds at this chunk's start that the previous chunk also covers (forced cuts only)."""
+    text: str
+    segments: list[Segment] = field(default_factory=list)
+    language: str | None = None
+    tokens: list[int] = field(default_factory=list)
+    stats: DecodeStats = field(default_factory=DecodeStats)
+
+
+@dataclass
+class Transcript:
+    """One recording's stitched transcript: text, segments on the recording's timeline, language, stats."""
+
+    text: str
+    segments: list[Segment]
+    language: str | None
+    duration: float
+    stats: dict[str, float] = field(default_factory=dict)

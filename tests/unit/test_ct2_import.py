@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from importlib import util
 from pathlib import Path
 
@@ -393,3 +395,20 @@ def test_bundled_base_tokenizer_is_fixed(tmp_path: Path) -> None:
     ]
     ids = [50258, 50259, 50359, 50364, *tokenizer(" this is it.", add_special_tokens=False).input_ids, 50414]
     assert tokenizer.decode(ids, decode_with_timestamps=True).endswith("<|0.00|> this is it.<|1.00|>")
+
+
+def test_concurrent_callers_convert_once(fake_bundled: str, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[Path] = []
+    real_convert = ct2_import.convert_ct2_whisper
+
+    def slow_convert(model_bin, ct2_dir, out_dir) -> None:  # type: ignore[no-untyped-def]
+        calls.append(Path(out_dir))
+        real_convert(model_bin, ct2_dir, out_dir)
+        time.sleep(0.3)  # the other caller arrives while this one is still writing
+
+    monkeypatch.setattr(ct2_import, "convert_ct2_whisper", slow_convert)
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(bundled_model_dir, [fake_bundled, fake_bundled]))
+    assert results == [cache_dir / "models" / fake_bundled] * 2
+    assert len(calls) == 1
+    assert (results[0] / MARKER_FILE).exists()

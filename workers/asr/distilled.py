@@ -1,0 +1,141 @@
+"""Distilled drafters on disk: ``drafter.safetensors`` + ``drafter.json``, and loading them for a verifier.
+
+A distilled drafter is a Whisper decoder of a few layers that reads the verifier's encoder output.
+Its token/position embeddings and output projection are the verifier's own (tied, frozen during
+training), so only its layers and final layer norm are stored (fp16). ``drafter.json`` records the
+verifier it was trained for, with a fingerprint of the verifier's weights: loading it for any other
+verifier is refused. ``distilled:whisper-base`` names the drafter shipped in this package.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import WhisperForCausalLM
+
+from workers.asr.loading import Drafter, PairMismatchError, Verifier, WhisperParts
+
+WEIGHTS = "drafter.safetensors"
+METADATA = "drafter.json"
+FORMAT = 1
+SHIPPED = Path(__file__).parent / "drafters"
+"""Drafters shipped in the package, one directory per name (``distilled:whisper-base``)."""
+
+
+def spaced_layers(total: int, count: int) -> list[int]:
+    """``count`` maximally spaced layer indices of ``total`` (2 of 6 -> [0, 5])."""
+    if not 1 <= count <= total:
+        raise ValueError(f"cannot take {count} of {total} decoder layers")
+    if count == 1:
+        return [0]
+    return [round(i * (total - 1) / (count - 1)) for i in range(count)]
+
+
+def verifier_fingerprint(verifier: Verifier) -> str:
+    """sha256 over the verifier's decoder dimensions and token embedding (as fp16 bytes, dtype-independent)."""
+    config = verifier.model.config
+    dims = (config.vocab_size, config.d_model, config.decoder_layers, config.decoder_attention_heads)
+    digest = hashlib.sha256(repr(dims).encode())
+    embedding = verifier.model.model.decoder.embed_tokens.weight.detach()
+    digest.update(embedding.to("cpu", torch.float16).contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def build_drafter(verifier: Verifier, layer_map: list[int], dtype: torch.dtype | None = None) -> WhisperForCausalLM:
+    """A ``WhisperForCausalLM`` of ``len(layer_map)`` layers copied from the verifier's ``layer_map``.
+
+    Embeddings and projection are the verifier's parameters (shared, frozen) when ``dtype`` is the
+    verifier's; otherwise frozen copies in ``dtype``."""
+    dtype = dtype or verifier.dtype
+    source = verifier.model.model.decoder
+    config = copy.deepcopy(verifier.model.config)
+    config.decoder_layers = len(layer_map)
+    config.dropout = config.attention_dropout = config.activation_dropout = 0.0
+    config.architectures = ["WhisperForCausalLM"]
+    with torch.device("meta"):
+        model = WhisperForCausalLM(config)
+    decoder = model.model.decoder
+    decoder.layers = nn.ModuleList(copy.deepcopy(source.layers[i]) for i in layer_map)
+    decoder.layer_norm = copy.deepcopy(source.layer_norm)
+    shared = dtype == verifier.dtype
+    for name in ("embed_tokens", "embed_positions"):
+        module = getattr(source, name) if shared else copy.deepcopy(getattr(source, name))
+        setattr(decoder, name, module)
+    model.proj_out = verifier.model.proj_out if shared else copy.deepcopy(verifier.model.proj_out)
+    model.to(dtype)
+    for module in (decoder.embed_tokens, decoder.embed_positions, model.proj_out):
+        module.requires_grad_(False)
+    return model.eval()
+
+
+def own_state(model: WhisperForCausalLM) -> dict[str, torch.Tensor]:
+    """The drafter's own tensors (layers, final layer norm) — what ``drafter.safetensors`` stores."""
+    decoder = model.model.decoder
+    state = {f"layers.{k}": v for k, v in decoder.layers.state_dict().items()}
+    state.update({f"layer_norm.{k}": v for k, v in decoder.layer_norm.state_dict().items()})
+    return state
+
+
+def load_own_state(model: WhisperForCausalLM, state: dict[str, torch.Tensor]) -> None:
+    """Load tensors named as by :func:`own_state` into the drafter (cast to its dtype)."""
+    decoder = model.model.decoder
+    for name in ("layers", "layer_norm"):
+        prefix = f"{name}."
+        own = {k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)}
+        getattr(decoder, name).load_state_dict(own)
+
+
+def save_drafter(model: WhisperForCausalLM, out: Path, metadata: dict) -> None:
+    """Write the drafter's own weights (fp16) and its metadata into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to("cpu", torch.float16).contiguous() for k, v in own_state(model).items()}
+    save_file(tensors, str(out / WEIGHTS))
+    (out / METADATA).write_text(json.dumps({"format": FORMAT, **metadata}, indent=2) + "\n")
+
+
+def drafter_dir(path: str) -> Path:
+    """A drafter directory: ``path`` itself, or the shipped drafter of that name."""
+    direct = Path(path)
+    if (direct / METADATA).is_file():
+        return direct
+    if (SHIPPED / path / METADATA).is_file():
+        return SHIPPED / path
+    raise FileNotFoundError(f"no distilled drafter at {path!r} (expected {METADATA} + {WEIGHTS})")
+
+
+def read_metadata(path: str) -> dict:
+    """The ``drafter.json`` of a drafter directory or shipped name."""
+    return json.loads((drafter_dir(path) / METADATA).read_text())
+
+
+def load_distilled_drafter(path: str, verifier: Verifier, quantize: bool | None = None) -> Drafter:
+    """Load a distilled drafter for ``verifier`` (refused when it was trained for another verifier).
+
+    ``quantize`` (default: on a float32 CPU verifier) converts the drafter's linear layers, and a copy of
+    the vocabulary projection, to dynamic int8: a 2-layer drafter's step is dominated by the projection."""
+    directory = drafter_dir(path)
+    meta = json.loads((directory / METADATA).read_text())
+    fingerprint = verifier_fingerprint(verifier)
+    if meta.get("verifier_fingerprint") != fingerprint:
+        raise PairMismatchError(
+            f"distilled drafter {str(directory)!r} was trained for verifier {meta.get('verifier')!r} "
+            f"(fingerprint {str(meta.get('verifier_fingerprint'))[:12]}), not for {verifier.ref!r} "
+            f"(fingerprint {fingerprint[:12]}); distil one with `specscribe drafter distill --verifier {verifier.ref}`"
+        )
+    model = build_drafter(verifier, meta["layer_map"])
+    load_own_state(model, load_file(str(directory / WEIGHTS)))
+    model.to(verifier.device, verifier.dtype)
+    if quantize is None:
+        quantize = verifier.device.type == "cpu" and verifier.dtype == torch.float32
+    if quantize:
+        model.proj_out = copy.deepcopy(model.proj_out)  # the verifier keeps its float projection
+        model = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=True)
+    ref = f"distilled:{path}"
+    parts = WhisperParts(model.model.decoder, model.proj_out, model.config)
+    return Drafter(parts, ref, shares_encoder=True, hf_model=model)
