@@ -25,6 +25,7 @@ def bench_engine(
     draft_initial: int = typer.Option(5, min=1, help="Initial draft length k."),
     draft_max: int = typer.Option(16, min=1, help="Largest draft length."),
     confidence: float = typer.Option(0.0, min=0.0, max=1.0, help="Stop drafting below this top probability."),
+    batch_sizes: str = typer.Option("", help="Also run batched decoding at these batch sizes, e.g. 1,4,8,16."),
     json_path: Path | None = typer.Option(None, "--json", help="Write the report as JSON here."),
 ) -> None:
     """transformers plain/assisted vs our plain/speculative loop on the same synthetic lecture clips."""
@@ -35,7 +36,10 @@ def bench_engine(
 
     console = Console(stderr=True)
     policy = DraftPolicy(initial=draft_initial, maximum=max(draft_max, draft_initial), confidence=confidence or None)
-    config = EngineBenchConfig(verifier, drafter, clips, device, dtype, threads, timestamps=timestamps, policy=policy)
+    sizes = tuple(int(b) for b in batch_sizes.split(",") if b.strip())
+    config = EngineBenchConfig(
+        verifier, drafter, clips, device, dtype, threads, timestamps=timestamps, policy=policy, batch_sizes=sizes
+    )
     report = run_engine_bench(config, progress=lambda msg: console.log(msg))
     print(format_table(report))
     if json_path:
@@ -80,11 +84,15 @@ def drafter_distill(
     cache_dir: Path | None = typer.Option(None, help="Label cache (default: <cache_dir>/distill)."),
     seed: int = typer.Option(0, help="Seed of the batch schedule."),
     resume: bool = typer.Option(False, help="Continue from OUT/checkpoint.pt."),
+    threads: int = typer.Option(1, min=1, help="torch CPU threads (1 is fastest on a busy shared CPU)."),
 ) -> None:
     """Distil a decoder-only drafter for VERIFIER from unlabeled audio (pseudo-labelled by the verifier)."""
     import shlex
     import sys
 
+    import torch
+
+    torch.set_num_threads(threads)
     from workers.asr.distill import DistillConfig, TrainConfig, run_distill
 
     train = TrainConfig(steps=steps, batch=batch, lr=lr, seed=seed)

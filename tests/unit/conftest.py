@@ -19,6 +19,8 @@ from transformers import (
 
 from workers.asr.loading import Verifier
 
+torch.set_num_threads(1)  # tiny models: thread start-up and spin-waits cost more than they save
+
 VOCAB = 51865
 EOS, SOT, TRANSLATE, TRANSCRIBE, NO_TIMESTAMPS = 50257, 50258, 50358, 50359, 50363
 LANGS = {"<|en|>": 50259, "<|zh|>": 50260, "<|de|>": 50261, "<|es|>": 50262, "<|fr|>": 50265}

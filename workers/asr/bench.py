@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from workers.asr.batched import BatchedDecoder, ChunkInput
 from workers.asr.loading import LoadedPair, load_pair
 from workers.asr.speculative import DraftPolicy, SpeculativeDecoder
 from workers.asr.token_rules import DecodeOptions
@@ -65,6 +66,7 @@ class EngineBenchConfig:
     language: str = "en"
     timestamps: bool = False
     policy: DraftPolicy = field(default_factory=DraftPolicy)
+    batch_sizes: tuple[int, ...] = ()
 
 
 def _timed(fn: Callable[[], object], device: torch.device) -> tuple[object, float]:
@@ -113,7 +115,62 @@ def run_engine_bench(config: EngineBenchConfig, progress: Callable[[str], None] 
             run.texts.append(text)
             if stats is not None:
                 run.stats.add(stats)
-    return _report(config, clips, runs, pair)
+    report = _report(config, clips, runs, pair)
+    if config.batch_sizes:
+        batch_inputs = [ChunkInput(f, options, clip.seconds) for f, clip in zip(features, clips)]
+        report["batched"] = {
+            str(b): _batched_run(pair, config.policy, b, batch_inputs, runs["ours_plain"].ids, progress)
+            for b in config.batch_sizes
+        }
+    return report
+
+
+def _batched_run(
+    pair: LoadedPair,
+    policy: DraftPolicy,
+    batch_size: int,
+    chunks: list[ChunkInput],
+    alone: list[list[int]],
+    progress: Callable[[str], None],
+) -> dict:
+    """Batched plain, per-sequence speculative and shared-length speculative on the same chunks."""
+    modes = {
+        "plain": (BatchedDecoder(pair, batch_size, policy), False),
+        "speculative": (BatchedDecoder(pair, batch_size, policy), True),
+        "shared": (BatchedDecoder(pair, batch_size, policy, shared_acceptance=True), True),
+    }
+    seconds, outputs = {}, {}
+    for name, (decoder, draft) in modes.items():
+        progress(f"batch {batch_size}: {name}")
+        results, elapsed = _timed(lambda d=decoder, dr=draft: dict(d.decode_many(chunks, draft=dr)), decoder.device)
+        seconds[name], outputs[name] = elapsed, results
+    identical = {name: sum(out[i].tokens == alone[i] for i in out) for name, out in outputs.items()}
+    spec_rows = list(outputs["speculative"].values())
+    acceptance_rows = [r.stats.acceptance for r in spec_rows if r.stats.drafted]
+    spec_stats, shared_stats = DecodeStats(), DecodeStats()
+    for r in spec_rows:
+        spec_stats.add(r.stats)
+    for r in outputs["shared"].values():
+        shared_stats.add(r.stats)
+    return {
+        "plain_s": round(seconds["plain"], 3),
+        "speculative_s": round(seconds["speculative"], 3),
+        "shared_s": round(seconds["shared"], 3),
+        "speedup": round(seconds["plain"] / seconds["speculative"], 3),
+        "speedup_vs_shared": round(seconds["shared"] / seconds["speculative"], 3),
+        "identical": min(identical.values()),
+        "identical_by_mode": identical,
+        "acceptance": round(spec_stats.acceptance, 4),
+        "acceptance_shared": round(shared_stats.acceptance, 4),
+        "acceptance_per_row": {
+            "min": round(min(acceptance_rows, default=0.0), 3),
+            "mean": round(sum(acceptance_rows) / max(len(acceptance_rows), 1), 3),
+            "max": round(max(acceptance_rows, default=0.0), 3),
+        },
+        "verifier_passes": {"speculative": spec_stats.verifier_passes, "shared": shared_stats.verifier_passes},
+        "drafter_seconds": round(spec_stats.draft_seconds, 3),
+        "verify_seconds": round(spec_stats.verify_seconds, 3),
+    }
 
 
 def _methods(pair: LoadedPair, decoder: SpeculativeDecoder, options: DecodeOptions, config: EngineBenchConfig):
@@ -123,12 +180,9 @@ def _methods(pair: LoadedPair, decoder: SpeculativeDecoder, options: DecodeOptio
     assistant = pair.drafter.hf_model if pair.drafter else None
 
     def hf(feats: torch.Tensor, _seconds: float, assistant_model=None):
+        extra = {"assistant_model": assistant_model} if assistant_model is not None else {}
         out = model.generate(
-            feats,
-            language=options.language,
-            task="transcribe",
-            return_timestamps=options.timestamps,
-            assistant_model=assistant_model,
+            feats, language=options.language, task="transcribe", return_timestamps=options.timestamps, **extra
         )
         ids = _hf_ids(out[0], prompt_length if out[0, 0] == decoder.rules.sot else 0)
         return ids, tokenizer.decode(decoder.rules.text_ids(ids)).strip(), None
@@ -287,6 +341,13 @@ def format_table(report: dict) -> str:
     console.print(f"ratios: {summary}")
     console.print(f"time split: {report['time_split']}")
     console.print(f"ceiling: {report['ceiling']}")
+    for b, row in report.get("batched", {}).items():
+        console.print(
+            f"batch {b}: plain {row['plain_s']:.2f} s, per-row speculative {row['speculative_s']:.2f} s, "
+            f"shared-length {row['shared_s']:.2f} s -> speedup {row['speedup']:.2f}x, "
+            f"vs shared {row['speedup_vs_shared']:.2f}x, identical {row['identical']}/{report['clips']}, "
+            f"acceptance {row['acceptance']:.1%} (shared {row['acceptance_shared']:.1%})"
+        )
     if report["hf_near_ties"]:
         console.print(f"differences from transformers plain: {report['hf_near_ties']}")
     return console.export_text()

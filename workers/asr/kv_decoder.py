@@ -63,24 +63,59 @@ class KVDecoder:
         return out
 
     def start(self, cross: CrossKV) -> None:
-        """Begin decoding new chunks: empty every row's cache and attend to ``cross``."""
+        """Begin decoding new chunks in every row: empty the caches and attend to ``cross`` (all rows)."""
         self.cross = [(k.to(self.dtype), v.to(self.dtype)) for k, v in cross]
         self.lengths = [0] * self.batch_size
+
+    def load(self, rows: list[int], cross: CrossKV) -> None:
+        """Start new chunks in ``rows`` only (continuous batching): their cross K/V, empty caches."""
+        frames = cross[0][0].shape[2]
+        if not self.cross or self.cross[0][0].shape[0] != self.batch_size or self.cross[0][0].shape[2] != frames:
+            shape = (self.batch_size, self.heads, frames, self.head_dim)
+            self.cross = [
+                (
+                    torch.zeros(shape, dtype=self.dtype, device=self.device),
+                    torch.zeros(shape, dtype=self.dtype, device=self.device),
+                )
+                for _ in self.layers
+            ]
+        index = torch.tensor(rows, device=self.device)
+        for (ck, cv), (k, v) in zip(self.cross, cross):
+            ck[index] = k.to(self.dtype)
+            cv[index] = v.to(self.dtype)
+        self.reset(rows)
+
+    def reset(self, rows: list[int]) -> None:
+        """Empty the self-attention caches of ``rows`` (their cross K/V are set elsewhere)."""
+        for r in rows:
+            self.lengths[r] = 0
+
+    def share_cross(self, other: KVDecoder) -> None:
+        """Attend to another decoder's cross K/V slots (the int8 drafter reads the verifier's)."""
+        self.cross = other.cross
 
     def crop(self, row: int, length: int) -> None:
         """Forget everything past ``length`` tokens of ``row`` (after a rejected draft)."""
         if length < self.lengths[row]:
             self.lengths[row] = length
 
-    def forward(self, tokens: torch.Tensor, rows: list[int] | None = None) -> torch.Tensor:
-        """Feed ``tokens`` [len(rows), q] (appended to each row's cache) and return logits [len(rows), q, V].
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        rows: list[int] | None = None,
+        counts: list[int] | None = None,
+        gather: list[int] | None = None,
+    ) -> torch.Tensor:
+        """Feed ``tokens`` [len(rows), q], appended to each row's cache, and return their logits.
 
-        ``rows`` selects which cache rows the token rows belong to (all rows by default).
+        ``rows`` selects the cache rows (all by default). ``counts`` gives each row's real token count
+        when rows are ragged (padding after it is computed but never kept). Returns logits
+        [len(rows), q, V], or [len(rows), V] at the positions ``gather`` (one per row) when given.
         """
         rows = list(range(self.batch_size)) if rows is None else rows
         n, q = tokens.shape
-        if tokens.shape[0] != len(rows):
-            raise ValueError(f"{tokens.shape[0]} token rows for {len(rows)} cache rows")
+        if n != len(rows):
+            raise ValueError(f"{n} token rows for {len(rows)} cache rows")
         starts = [self.lengths[r] for r in rows]
         if max(starts) + q > self.max_length:
             raise ValueError(f"decoder cache of {self.max_length} tokens exceeded")
@@ -93,10 +128,11 @@ class KVDecoder:
         contiguous_rows = rows == list(range(rows[0], rows[0] + n))
         for i, layer in enumerate(self.layers):
             hidden = self._layer(i, layer, hidden, rows, row_index, contiguous_rows, starts, same, q, end, mask)
-        hidden = self.decoder.layer_norm(hidden)
-        for r in rows:
-            self.lengths[r] += q
-        return self.proj_out(hidden)
+        for j, r in enumerate(rows):
+            self.lengths[r] += q if counts is None else counts[j]
+        if gather is not None:
+            hidden = hidden[torch.arange(n, device=self.device), torch.tensor(gather, device=self.device)]
+        return self.proj_out(self.decoder.layer_norm(hidden))
 
     def _mask(self, starts: list[int], q: int, end: int) -> torch.Tensor | None:
         if len(starts) == 1 and q == 1:

@@ -50,7 +50,7 @@ class SpeculativeDecoder:
 
     def __init__(self, pair: LoadedPair, policy: DraftPolicy | None = None) -> None:
         self.pair = pair
-        self.policy = policy or DraftPolicy()
+        self.policy = policy or default_policy(pair.drafter.ref if pair.drafter else None)
         verifier = pair.verifier
         config = verifier.model.config
         self.rules = TokenRules(verifier.generation_config, config.max_target_positions)
@@ -110,6 +110,12 @@ class SpeculativeDecoder:
         _sync(self.device)
         stats.decoder_seconds = time.perf_counter() - t1
 
+        return self.result(tokens, run, language_token, duration, stats)
+
+    def result(
+        self, tokens: list[int], run: DecodeRun, language_token: int | None, duration: float, stats: DecodeStats
+    ) -> DecodeResult:
+        """Package a finished decode: generated ids, text, language, segments and stats."""
         generated = tokens[run.prompt_length :]
         text = self.tokenizer.decode(self.rules.text_ids(generated)).strip()
         segments = self.rules.segments(generated, duration, self.tokenizer.decode)
@@ -215,3 +221,11 @@ class SpeculativeDecoder:
                 break
             pending = [token]
         return drafts
+
+
+def default_policy(drafter_ref: str | None) -> DraftPolicy:
+    """The drafting policy for a drafter reference: distilled drafters stop drafting below 0.6 confidence
+    (chosen with ``specscribe bench engine --confidence``; the measurements are in the shipped drafter.json)."""
+    if drafter_ref and drafter_ref.startswith("distilled:"):
+        return DraftPolicy(confidence=0.6)
+    return DraftPolicy()
