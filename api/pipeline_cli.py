@@ -71,7 +71,7 @@ def worker_ingest(
 def worker_asr(
     pair: str | None = typer.Option(None, help="VERIFIER+DRAFTER to serve (default: the configured default pair)."),
     device: str = typer.Option("cpu", help="cpu or cuda:N: the pair is loaded and pinned there."),
-    batch_size: int = typer.Option(1, "--batch-size", min=1, help="Chunks decoded per engine call."),
+    batch_size: int = typer.Option(1, "--batch-size", min=1, help="Chunks fetched and decoded as one group."),
     loglevel: str = typer.Option("info", help="Celery log level."),
 ) -> None:
     """Consume one pair's ``asr.<pair>`` queue with the pair loaded once, in this process (solo pool).
@@ -90,7 +90,7 @@ def worker_asr(
 
     queue = pair_queue(pair)
     typer.echo(f"loading {pair} on {device} for queue {queue}", err=True)
-    pair_decoder(pair, device)
+    pair_decoder(pair, device, batch_size)
     app.worker_main(["worker", "-Q", queue, "--pool", "solo", "-n", f"{queue}.{device}@%h", "--loglevel", loglevel])
 
 

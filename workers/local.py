@@ -116,7 +116,7 @@ def run_job(
             ingest_job(pipe, arg)
             total = sum(len(a) for s, a in dispatcher.queue if s == "transcribe")
         elif stage == "transcribe":
-            transcribe_chunks(pipe, arg, lambda p: pair_decoder(p, device))
+            transcribe_chunks(pipe, arg, lambda p: pair_decoder(p, device, pipe.settings.asr_batch_size))
             done += len(arg)
         else:
             stitch_recording(pipe, arg)

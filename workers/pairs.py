@@ -7,7 +7,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from workers.asr.speculative import SpeculativeDecoder
+    from workers.asr.batched import BatchedDecoder
 
 
 def split_pair(pair: str) -> tuple[str, str | None]:
@@ -32,10 +32,12 @@ def default_dtype(device: str) -> str:
 
 
 @lru_cache(maxsize=1)
-def pair_decoder(pair: str, device: str) -> SpeculativeDecoder:
-    """The process's decoder for ``pair`` on ``device``, loaded on first use and kept (one pair per worker)."""
+def pair_decoder(pair: str, device: str, batch_size: int = 1) -> BatchedDecoder:
+    """The process's decoder for ``pair`` on ``device``, loaded on first use and kept (one pair per worker).
+
+    It decodes up to ``batch_size`` chunks at once with per-sequence acceptance."""
+    from workers.asr.batched import BatchedDecoder
     from workers.asr.loading import load_pair
-    from workers.asr.speculative import SpeculativeDecoder
 
     verifier, drafter = split_pair(pair)
-    return SpeculativeDecoder(load_pair(verifier, drafter, device, default_dtype(device)))
+    return BatchedDecoder(load_pair(verifier, drafter, device, default_dtype(device)), max(batch_size, 1))

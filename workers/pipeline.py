@@ -52,7 +52,8 @@ from workers.jobstore import (
 from workers.render import render_all
 from workers.settings import Settings
 from workers.stitch import stitch
-from workers.types import SAMPLE_RATE, ChunkResult, DecodeResult, DecodeStats, MemberFailure, RecordingFile, Segment
+from workers.transcribe import Transcriber, transcribe_chunks_to_end
+from workers.types import SAMPLE_RATE, ChunkResult, DecodeStats, MemberFailure, RecordingFile, Segment
 from workers.vad import VadOptions, get_vad
 
 T = TypeVar("T")
@@ -78,12 +79,6 @@ class PcmStore(Protocol):
     def delete(self, job: str, recording: str, index: int) -> bool: ...
 
     def delete_job(self, job: str) -> int: ...
-
-
-class Transcriber(Protocol):
-    """What the transcribe stage needs from :class:`~workers.asr.speculative.SpeculativeDecoder`."""
-
-    def transcribe(self, pcm: np.ndarray, options: DecodeOptions | None = None) -> DecodeResult: ...
 
 
 @dataclass
@@ -114,8 +109,6 @@ def submit_job(
             inputs=list(inputs),
             pair=pair or pipe.settings.default_pair,
             options={"language": language},
-            status=QUEUED,
-            history=[],
         )
         session.add(job)
         session.flush()
@@ -173,14 +166,10 @@ def ingest_recording(pipe: Pipeline, job_id: str, position: int, item: Recording
         recording = session.scalars(
             select(Recording).where(Recording.job_id == job_id, Recording.position == position).with_for_update()
         ).one_or_none()
-        if recording is None:
+        if recording is None:  # else a previous attempt died before its chunks were stored: start over
             recording = Recording(job_id=job_id, position=position, source_key=item.name, archive=item.archive)
-            recording.status, recording.history = QUEUED, []
             recording.move_to(INGESTING)
             session.add(recording)
-        else:  # a previous attempt died half-way: start this recording over
-            for chunk in list(recording.chunks):
-                session.delete(chunk)
         session.flush()
         recording_id = recording.id
     try:
@@ -246,7 +235,6 @@ def _failed_recording(pipe: Pipeline, job_id: str, position: int, failure: Membe
         recording = Recording(
             job_id=job_id, position=position, source_key=failure.member or failure.source, archive=None
         )
-        recording.status, recording.history = QUEUED, []
         recording.move_to(FAILED, f"{name}: {failure.reason}")
         session.add(recording)
 
@@ -273,32 +261,48 @@ def transcribe_chunks(pipe: Pipeline, chunk_ids: list[int], decoder: Callable[[s
         jobs = {c.recording_id: (c.recording.job_id, c.recording.job.pair, c.recording.job.options) for c in claimed}
     complete: set[int] = set()
     for group in _batched(work, max(pipe.settings.asr_batch_size, 1)):
-        for (chunk_id, recording_id, index, start, end, overlap), pcm in _fetch(pipe, jobs, group):
-            job_id, pair, options = jobs[recording_id]
+        decodable = []
+        for chunk, pcm in _fetch(pipe, jobs, group):
             if isinstance(pcm, ChunkStoreError):
-                settled = _settle(pipe, lambda s, cid=chunk_id, e=pcm: store_chunk_failure(s, cid, str(e)))
+                settled = _settle(pipe, lambda s, cid=chunk[0], e=pcm: store_chunk_failure(s, cid, str(e)))
+                if settled is not None and settled[1] >= settled[2]:
+                    complete.add(chunk[1])
             else:
-                decoded = decoder(pair).transcribe(pcm, DecodeOptions(language=options.get("language")))
-                result = ChunkResult(
+                decodable.append((chunk, pcm))
+        for pair, language, items in _decode_groups(jobs, decodable):
+            decoded = transcribe_chunks_to_end(
+                decoder(pair), [pcm for _, pcm in items], DecodeOptions(language=language)
+            )
+            for ((chunk_id, recording_id, index, start, end, overlap), _), result in zip(items, decoded):
+                chunk_result = ChunkResult(
                     index,
                     start,
                     end,
                     overlap / SAMPLE_RATE,
-                    decoded.text,
-                    decoded.segments,
-                    decoded.language,
-                    decoded.tokens,
-                    decoded.stats,
+                    result.text,
+                    result.segments,
+                    result.language,
+                    result.tokens,
+                    result.stats,
                 )
-                settled = _settle(pipe, lambda s, cid=chunk_id, r=result: store_chunk_result(s, cid, r))
-                pipe.store.delete(job_id, str(recording_id), index)
-            if settled is not None and settled[1] >= settled[2]:
-                complete.add(recording_id)
+                settled = _settle(pipe, lambda s, cid=chunk_id, r=chunk_result: store_chunk_result(s, cid, r))
+                pipe.store.delete(jobs[recording_id][0], str(recording_id), index)
+                if settled is not None and settled[1] >= settled[2]:
+                    complete.add(recording_id)
     if not work:  # redelivered after the results were stored: the stitch may never have been dispatched
         complete = _complete_recordings(pipe, chunk_ids)
     for recording_id in sorted(complete):
         pipe.dispatch.stitch(recording_id)
     return len(work)
+
+
+def _decode_groups(jobs: dict, items: list[tuple[tuple, np.ndarray]]) -> list[tuple[str, str | None, list]]:
+    """Group fetched chunks by (pair, language): each group is decoded as one batch."""
+    groups: dict[tuple[str, str | None], list] = {}
+    for chunk, pcm in items:
+        _, pair, options = jobs[chunk[1]]
+        groups.setdefault((pair, options.get("language")), []).append((chunk, pcm))
+    return [(pair, language, group) for (pair, language), group in groups.items()]
 
 
 def _fetch(pipe: Pipeline, jobs: dict, group: list[tuple]) -> Iterator[tuple[tuple, np.ndarray | ChunkStoreError]]:

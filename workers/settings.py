@@ -57,7 +57,11 @@ class Settings(BaseSettings):
     task_max_retries: int = Field(8, description="Retries of a task on transient errors (with backoff).")
     transcribe_task_chunks: int = Field(1, description="Chunks per transcribe task (one recording).")
     asr_device: str = Field("cpu", description="Device of an ASR worker started without --device.")
-    asr_batch_size: int = Field(1, description="Chunks an ASR worker decodes per engine call.")
+    asr_batch_size: int = Field(
+        1,
+        description="Chunks an ASR worker fetches as one group (one Redis round trip) and decodes together with "
+        "batched speculative decoding (per-sequence acceptance, continuous batching).",
+    )
 
     @model_validator(mode="after")
     def _fill_derived_urls(self) -> Settings:

@@ -5,8 +5,9 @@ Chunks are taken in order; empty ones (silence, nothing decoded) are dropped. Se
 (``overlap > 0``), the words both chunks heard are merged at word level: word times are estimated by
 spreading each segment's span over its words (by length), and the longest run of equal words (compared
 without case and punctuation) between the end of the previous chunk and the start of this one, at
-consistent times, is kept once; words the previous chunk heard after that run (a word cut in half) and
-words this chunk heard before it are dropped. With no common run, the overlap is split at its middle.
+consistent times, is kept once (a word the cut halved, heard in part by one chunk, matches its whole
+form in the other, which is kept); words the previous chunk heard after that run and words this chunk
+heard before it are dropped. With no common run, the overlap is split at its middle.
 Finally segments are made ordered and non-overlapping, so subtitle cues never collide.
 """
 
@@ -23,8 +24,10 @@ MATCH_WINDOW_WORDS = 12
 """At most this many words on each side of an overlap are compared."""
 TIME_SLACK_SECONDS = 1.0
 """Word times are estimates: words this far outside the overlap still count as candidates."""
-MATCH_MAX_SHIFT_SECONDS = 1.5
+MATCH_MAX_SHIFT_SECONDS = 2.0
 """Matched words whose estimated times differ more than this are different occurrences."""
+PARTIAL_MIN_CHARS = 3
+"""A word cut in half at a forced cut matches its whole form only if this many characters survive."""
 
 
 @dataclass(frozen=True)
@@ -128,7 +131,10 @@ def merge_overlap(before: list[Word], after: list[Word], start: float, end: floa
     match = _longest_common_run(tail, head, (start + end) / 2)
     if match is not None:
         i, j, length = match
-        return before[: tail_from + i + length], after[j + length :]
+        end_tail, end_head = tail_from + i + length, j + length
+        if len(tail[i + length - 1].key) < len(head[j + length - 1].key):  # the cut halved the last word
+            end_tail, end_head = end_tail - 1, end_head - 1
+        return before[:end_tail], after[end_head:]
     middle = (start + end) / 2
     kept_tail = [w for w in tail if w.middle < middle]
     kept_head = [w for w in head if w.middle >= middle]
@@ -136,8 +142,8 @@ def merge_overlap(before: list[Word], after: list[Word], start: float, end: floa
 
 
 def _longest_common_run(tail: list[Word], head: list[Word], middle: float) -> tuple[int, int, int] | None:
-    """(start in tail, start in head, length) of the longest run of equal words at consistent times;
-    ties go to the run nearest the overlap's middle."""
+    """(start in tail, start in head, length) of the longest run of matching words at consistent times;
+    ties go to the run nearest the overlap's middle. See :func:`_same_word`."""
     best: tuple[int, float, int, int] | None = None  # (length, -distance, i, j)
     for i in range(len(tail)):
         for j in range(len(head)):
@@ -145,8 +151,8 @@ def _longest_common_run(tail: list[Word], head: list[Word], middle: float) -> tu
             while (
                 i + length < len(tail)
                 and j + length < len(head)
-                and tail[i + length].key == head[j + length].key
                 and abs(tail[i + length].middle - head[j + length].middle) <= MATCH_MAX_SHIFT_SECONDS
+                and _same_word(tail[i + length].key, head[j + length].key, j + length == 0, i + length == len(tail) - 1)
             ):
                 length += 1
             if not length:
@@ -155,6 +161,17 @@ def _longest_common_run(tail: list[Word], head: list[Word], middle: float) -> tu
             if best is None or candidate[:2] > best[:2]:
                 best = candidate
     return None if best is None else (best[2], best[3], best[0])
+
+
+def _same_word(before: str, after: str, after_is_first: bool, before_is_last: bool) -> bool:
+    """Equal words; or, right at the cut, a word one chunk heard only part of: the next chunk's first word
+    ending the previous chunk's word (``mes`` of ``times``), or the previous chunk's last word starting
+    the next chunk's (``accel`` of ``acceleration``)."""
+    if before == after:
+        return bool(before)
+    if after_is_first and len(after) >= PARTIAL_MIN_CHARS and before.endswith(after):
+        return True
+    return before_is_last and len(before) >= PARTIAL_MIN_CHARS and after.startswith(before)
 
 
 def rebuild_segments(words: list[Word], originals: dict[tuple[int, int], Segment]) -> list[Segment]:

@@ -12,7 +12,7 @@ from typing import Any
 
 import redis
 import sqlalchemy.exc
-from celery import Task
+from celery import Celery, Task
 
 from workers.celery_app import INGEST_QUEUE, app
 from workers.chunk_store import ChunkStore
@@ -56,16 +56,19 @@ _RELIABLE: dict[str, Any] = {
 
 
 class CeleryDispatcher:
-    """Sends the next stage's task to its queue."""
+    """Sends the next stage's task to its queue (through ``celery``, the service's app by default)."""
+
+    def __init__(self, celery: Celery | None = None) -> None:
+        self.celery = celery or app
 
     def ingest(self, job_id: str) -> None:
-        ingest.apply_async((job_id,), queue=INGEST_QUEUE)
+        self.celery.send_task("specscribe.ingest", (job_id,), queue=INGEST_QUEUE)
 
     def transcribe(self, pair: str, chunk_ids: list[int]) -> None:
-        transcribe.apply_async((chunk_ids,), queue=pair_queue(pair))
+        self.celery.send_task("specscribe.transcribe", (chunk_ids,), queue=pair_queue(pair))
 
     def stitch(self, recording_id: int) -> None:
-        stitch.apply_async((recording_id,), queue=INGEST_QUEUE)
+        self.celery.send_task("specscribe.stitch", (recording_id,), queue=INGEST_QUEUE)
 
 
 @lru_cache(maxsize=1)
@@ -115,7 +118,9 @@ def ingest(job_id: str) -> None:
 def transcribe(chunk_ids: list[int]) -> int:
     """Decode chunks with this worker's pair (loaded on first use, then kept); returns how many were decoded."""
     settings = get_settings()
-    return transcribe_chunks(service_pipeline(), chunk_ids, lambda pair: pair_decoder(pair, settings.asr_device))
+    return transcribe_chunks(
+        service_pipeline(), chunk_ids, lambda pair: pair_decoder(pair, settings.asr_device, settings.asr_batch_size)
+    )
 
 
 @app.task(name="specscribe.stitch", on_failure=_stitch_failed, time_limit=600, soft_time_limit=540, **_RELIABLE)

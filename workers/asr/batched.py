@@ -25,13 +25,14 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from workers.asr.kv_decoder import KVDecoder
 from workers.asr.loading import LoadedPair
 from workers.asr.speculative import DraftPolicy, SpeculativeDecoder, _sync
 from workers.asr.token_rules import DecodeOptions, DecodeRun
-from workers.types import DecodeResult, DecodeStats
+from workers.types import SAMPLE_RATE, DecodeResult, DecodeStats
 
 
 @dataclass
@@ -80,9 +81,15 @@ class BatchedDecoder:
             KVDecoder(drafter.parts, batch_size, drafter.parts.config.max_target_positions) if drafter else None
         )
 
-    def features(self, pcm) -> torch.Tensor:
+    def features(self, pcm: np.ndarray) -> torch.Tensor:
         """Log-mel features of one chunk (see :meth:`SpeculativeDecoder.features`)."""
         return self.single.features(pcm)
+
+    def transcribe_many(self, pcms: list[np.ndarray], options: DecodeOptions) -> list[DecodeResult]:
+        """Transcribe chunks of 16 kHz PCM (at most 30 s each) together; results in input order."""
+        chunks = [ChunkInput(self.features(pcm), options, len(pcm) / SAMPLE_RATE) for pcm in pcms]
+        results = dict(self.decode_many(chunks))
+        return [results[i] for i in range(len(pcms))]
 
     @torch.inference_mode()
     def decode_many(self, chunks: Iterable[ChunkInput], draft: bool = True) -> Iterator[tuple[int, DecodeResult]]:

@@ -123,7 +123,8 @@ def teacher_top(verifier: Verifier, encoder: torch.Tensor, tokens: list[int], pr
     """A teacher-forced verifier pass over ``tokens``: top-k log-probs at the predicted positions."""
     parts = verifier.parts
     ids = torch.tensor([tokens[:-1]], device=verifier.device)
-    hidden = parts.decoder(input_ids=ids, encoder_hidden_states=encoder).last_hidden_state[0, prompt - 1 :]
+    hidden = parts.decoder(input_ids=ids, encoder_hidden_states=encoder, use_cache=False).last_hidden_state
+    hidden = hidden[0, prompt - 1 :]
     logp = torch.log_softmax(parts.proj_out(hidden).float(), -1)
     top = logp.topk(k, -1)
     return Sequence(list(tokens), prompt, top.indices.int().cpu(), top.values.half().cpu())
@@ -255,7 +256,8 @@ def _forward(model: WhisperForCausalLM, items: list[tuple[Labelled, Sequence]], 
         ids[row, : len(seq.tokens) - 1] = torch.tensor(seq.tokens[:-1])
         mask[row, seq.prompt - 1 : len(seq.tokens) - 1] = True
     encoder = torch.stack([chunk.encoder for chunk, _ in items]).to(device, dtype)
-    hidden = model.model.decoder(input_ids=ids.to(device), encoder_hidden_states=encoder).last_hidden_state
+    decoder = model.model.decoder
+    hidden = decoder(input_ids=ids.to(device), encoder_hidden_states=encoder, use_cache=False).last_hidden_state
     logits = model.proj_out(hidden[mask.to(device)])
     return torch.log_softmax(logits.float(), -1)
 
@@ -339,17 +341,13 @@ def train(
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             optimizer.step()
             scheduler.step()
-            done = step + 1
+            done, value = step + 1, float(loss.detach())
             if done % config.eval_every == 0 or done == config.steps:
                 model.eval()
-                history.append(
-                    {"step": done, "loss": round(float(loss), 4), "heldout_agreement": agreement(model, heldout)}
-                )
+                history.append({"step": done, "loss": round(value, 4), "heldout_agreement": agreement(model, heldout)})
                 model.train()
             last = history[-1]["heldout_agreement"] if history else result.agreement_init
-            bar.update(
-                task, completed=done, description=f"training: loss {float(loss):.3f}, held-out agreement {last:.1%}"
-            )
+            bar.update(task, completed=done, description=f"training: loss {value:.3f}, held-out agreement {last:.1%}")
             if checkpoint is not None and (done % config.checkpoint_every == 0 or done == end):
                 _save_checkpoint(checkpoint, model, optimizer, scheduler, done, history, result.agreement_init)
     model.eval()

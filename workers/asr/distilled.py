@@ -51,7 +51,8 @@ def build_drafter(verifier: Verifier, layer_map: list[int], dtype: torch.dtype |
     """A ``WhisperForCausalLM`` of ``len(layer_map)`` layers copied from the verifier's ``layer_map``.
 
     Embeddings and projection are the verifier's parameters (shared, frozen) when ``dtype`` is the
-    verifier's; otherwise frozen copies in ``dtype``."""
+    verifier's; otherwise frozen copies in ``dtype``. Cross-attention key/value projections are
+    frozen at the verifier's too; everything else in the layers trains."""
     dtype = dtype or verifier.dtype
     source = verifier.model.model.decoder
     config = copy.deepcopy(verifier.model.config)
@@ -62,6 +63,13 @@ def build_drafter(verifier: Verifier, layer_map: list[int], dtype: torch.dtype |
         model = WhisperForCausalLM(config)
     decoder = model.model.decoder
     decoder.layers = nn.ModuleList(copy.deepcopy(source.layers[i]) for i in layer_map)
+    for index, layer in enumerate(decoder.layers):  # cache slots are addressed by the layer's own index
+        for attn in (layer.self_attn, layer.encoder_attn):
+            attn.layer_idx = index
+        # the verifier's own projections of its encoder output: frozen (their backward pass over 1500
+        # frames would cost as much as the rest of a training step)
+        layer.encoder_attn.k_proj.requires_grad_(False)
+        layer.encoder_attn.v_proj.requires_grad_(False)
     decoder.layer_norm = copy.deepcopy(source.layer_norm)
     shared = dtype == verifier.dtype
     for name in ("embed_tokens", "embed_positions"):

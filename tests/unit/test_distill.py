@@ -1,0 +1,161 @@
+"""Drafter distillation on tiny random models: it learns, resumes exactly, refuses foreign verifiers, stays lossless."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from workers.asr.distill import (
+    Labelled,
+    TrainConfig,
+    agreement,
+    batch_indices,
+    hallucination_reason,
+    split_heldout,
+    teacher_top,
+    train,
+)
+from workers.asr.distilled import (
+    METADATA,
+    WEIGHTS,
+    build_drafter,
+    own_state,
+    save_drafter,
+    spaced_layers,
+    verifier_fingerprint,
+)
+from workers.asr.loading import LoadedPair, PairMismatchError, Verifier, load_drafter, validate_pair
+from workers.asr.speculative import DraftPolicy, SpeculativeDecoder, default_policy
+from workers.asr.token_rules import DecodeOptions
+
+from .conftest import EOS, tiny_features, tiny_verifier
+
+DTYPE = torch.float32
+OPTIONS = DecodeOptions(language="en", timestamps=False, max_new_tokens=12, repetition_window=None)
+
+
+def labelled(verifier: Verifier, seeds: range) -> list[Labelled]:
+    """Chunks labelled by the verifier's own greedy decode (short, so no end-of-text: fine for training)."""
+    decoder = SpeculativeDecoder(LoadedPair(verifier, None))
+    prompt = decoder.rules.prompt(decoder.rules.language_token("en"), OPTIONS)
+    out = []
+    for seed in seeds:
+        features = tiny_features(seed, DTYPE)
+        generated = decoder.decode(features, OPTIONS, 3.0, draft=False).tokens
+        encoder = verifier.parts.encoder(features).last_hidden_state.detach()
+        sequence = teacher_top(verifier, encoder, prompt + generated, len(prompt), 8)
+        out.append(Labelled(f"c{seed}", f"g{seed % 4}", 3.0, encoder[0].half(), [sequence]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def setup() -> Iterator[tuple[Verifier, list[Labelled]]]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny ops: one thread is far faster on a busy shared CPU
+    verifier = tiny_verifier(3, DTYPE, layers=4)
+    yield verifier, labelled(verifier, range(12))
+    torch.set_num_threads(threads)
+
+
+CONFIG = TrainConfig(steps=8, batch=4, lr=3e-3, warmup=2, checkpoint_every=4, eval_every=4)
+
+
+def test_spaced_layers() -> None:
+    assert spaced_layers(6, 2) == [0, 5]
+    assert spaced_layers(4, 2) == [0, 3]
+    assert spaced_layers(6, 3) == [0, 2, 5] or spaced_layers(6, 3) == [0, 3, 5]
+    with pytest.raises(ValueError):
+        spaced_layers(2, 3)
+
+
+def test_hallucination_filter() -> None:
+    assert hallucination_reason("  ", [EOS], EOS) == "empty"
+    assert hallucination_reason("a fine sentence", [1, 2], EOS) == "no end-of-text"
+    assert hallucination_reason("the cat sat " * 20, [1, EOS], EOS) is not None
+    assert hallucination_reason("and so we say it again and so we say it again and so we say it again", [EOS], EOS)
+    assert hallucination_reason("Heat flows from warm bodies to cold ones.", [1, EOS], EOS) is None
+
+
+def test_batch_schedule_is_seeded() -> None:
+    assert batch_indices(10, 4, 3, 0) == batch_indices(10, 4, 3, 0)
+    assert batch_indices(10, 4, 3, 0) != batch_indices(10, 4, 3, 1)
+    epoch = sorted(i for step in range(5) for i in batch_indices(10, 2, step, 7))
+    assert epoch == list(range(10))
+
+
+def test_training_raises_agreement(setup) -> None:
+    verifier, chunks = setup
+    torch.manual_seed(0)
+    model = build_drafter(verifier, [0, 3])
+    train_chunks, heldout = split_heldout(chunks)
+    before = agreement(model, train_chunks)
+    result = train(model, train_chunks, heldout, TrainConfig(steps=30, batch=4, lr=3e-3, warmup=2), show_progress=False)
+    assert agreement(model, train_chunks) > before + 0.1
+    assert result.agreement_init == pytest.approx(agreement(build_drafter(verifier, [0, 3]), heldout))
+    assert result.history and result.history[-1]["step"] == 30
+
+
+def test_resume_matches_uninterrupted_run(setup, tmp_path) -> None:
+    verifier, chunks = setup
+    straight = build_drafter(verifier, [0, 3])
+    train(straight, chunks[:8], chunks[8:], CONFIG, tmp_path / "a.pt", show_progress=False)
+    resumed = build_drafter(verifier, [0, 3])
+    train(resumed, chunks[:8], chunks[8:], CONFIG, tmp_path / "b.pt", stop_after=4, show_progress=False)
+    fresh = build_drafter(verifier, [0, 3])  # a new process: initial weights, state from the checkpoint
+    train(fresh, chunks[:8], chunks[8:], CONFIG, tmp_path / "b.pt", resume=True, show_progress=False)
+    for key, value in own_state(straight).items():
+        assert torch.equal(value, own_state(fresh)[key]), key
+
+
+def _saved(verifier: Verifier, chunks: list[Labelled], path) -> None:
+    model = build_drafter(verifier, [0, 3])
+    train(model, chunks, chunks[-2:], CONFIG, show_progress=False)
+    meta = {"verifier": verifier.ref, "verifier_fingerprint": verifier_fingerprint(verifier), "layer_map": [0, 3]}
+    save_drafter(model, path, meta)
+
+
+def test_saved_drafter_holds_only_its_own_layers(setup, tmp_path) -> None:
+    from safetensors.torch import load_file
+
+    verifier, chunks = setup
+    _saved(verifier, chunks, tmp_path)
+    tensors = load_file(str(tmp_path / WEIGHTS))
+    assert all(k.startswith(("layers.", "layer_norm.")) for k in tensors)
+    assert {v.dtype for v in tensors.values()} == {torch.float16}
+    assert json.loads((tmp_path / METADATA).read_text())["layer_map"] == [0, 3]
+
+
+def test_drafter_refuses_another_verifier(setup, tmp_path) -> None:
+    verifier, chunks = setup
+    _saved(verifier, chunks, tmp_path)
+    other = tiny_verifier(4, DTYPE, layers=4)
+    with pytest.raises(PairMismatchError, match="trained for verifier"):
+        load_drafter(f"distilled:{tmp_path}", other)
+
+
+@pytest.mark.parametrize("quantize", [True, False])
+def test_speculative_with_distilled_drafter_is_lossless(setup, tmp_path, quantize: bool) -> None:
+    from workers.asr.distilled import load_distilled_drafter
+
+    verifier, chunks = setup
+    _saved(verifier, chunks, tmp_path)
+    drafter = load_distilled_drafter(str(tmp_path), verifier, quantize=quantize)
+    validate_pair(verifier, drafter, None)
+    assert drafter.parts.decoder.embed_tokens is verifier.model.model.decoder.embed_tokens
+    pair = LoadedPair(verifier, drafter)
+    for policy in (DraftPolicy(), DraftPolicy(confidence=0.6)):
+        decoder = SpeculativeDecoder(pair, policy)
+        for seed in range(20, 26):
+            features = tiny_features(seed, DTYPE)
+            options = DecodeOptions(language="en", timestamps=seed % 2 == 0, max_new_tokens=20, repetition_window=None)
+            spec = decoder.decode(features, options, 3.0)
+            assert spec.tokens == decoder.decode(features, options, 3.0, draft=False).tokens
+            assert spec.stats.drafted > 0
+
+
+def test_default_policy_for_distilled_drafters() -> None:
+    assert default_policy("distilled:whisper-base").confidence is not None
+    assert default_policy("int8:") == DraftPolicy()
