@@ -116,6 +116,17 @@ app.add_typer(worker_app, name="worker")
 app.add_typer(db_app, name="db")
 bench_app.command("pipeline")(bench_pipeline)
 
+# Service-edge commands (HTTP API, keys, S3 listener, Flower, API client) live in api/edge_cli.py.
+from api import edge_cli  # noqa: E402
+
+app.command("api")(edge_cli.serve)
+app.add_typer(edge_cli.keys_app, name="keys")
+app.command("s3-listen")(edge_cli.s3_listen)
+app.command("flower")(edge_cli.flower)
+app.command("submit")(edge_cli.submit)
+app.command("status")(edge_cli.status)
+app.command("fetch")(edge_cli.fetch)
+
 
 if __name__ == "__main__":
     app()

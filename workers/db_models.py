@@ -98,6 +98,8 @@ class Job(Tracked, Base):
     recordings_total: Mapped[int] = mapped_column(Integer, default=0)
     recordings_done: Mapped[int] = mapped_column(Integer, default=0)
     recordings_failed: Mapped[int] = mapped_column(Integer, default=0)
+    api_key_id: Mapped[int | None] = mapped_column(ForeignKey("api_keys.id", ondelete="SET NULL"), index=True)
+    """The API key that submitted the job (it alone sees it); none for bucket-triggered and local jobs."""
 
     recordings: Mapped[list[Recording]] = relationship(back_populates="job", order_by="Recording.position")
 
@@ -173,3 +175,18 @@ class ApiKey(Base):
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class S3Event(Base):
+    """An object-created event that made a job; the unique dedup key makes redelivered events harmless."""
+
+    __tablename__ = "s3_events"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    dedup_key: Mapped[str] = mapped_column(String(64), unique=True)
+    """SHA-256 of bucket, key and version (version id, else ETag)."""
+    bucket: Mapped[str] = mapped_column(String(255))
+    key: Mapped[str] = mapped_column(Text)
+    version: Mapped[str] = mapped_column(String(1024))
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -137,7 +137,7 @@ def ingest_job(pipe: Pipeline, job_id: str) -> None:
     work_dir = Path(tempfile.mkdtemp(prefix=f"ingest-{job_id}-", dir=_work_root(pipe.settings)))
     try:
         limits = ArchiveLimits.from_settings(pipe.settings)
-        for position, item in enumerate(iter_recordings(inputs, work_dir, limits)):
+        for position, item in enumerate(iter_recordings(_local_inputs(pipe, inputs, work_dir), work_dir, limits)):
             if position in existing and existing[position][1] != INGESTING:
                 if existing[position][1] == TRANSCRIBING:
                     _redispatch_recording(pipe, existing[position][0], pair)
@@ -237,6 +237,15 @@ def _failed_recording(pipe: Pipeline, job_id: str, position: int, failure: Membe
         )
         recording.move_to(FAILED, f"{name}: {failure.reason}")
         session.add(recording)
+
+
+def _local_inputs(pipe: Pipeline, inputs: list[str], work_dir: Path) -> Iterable[str]:
+    """Inputs as local paths: ``s3://`` sources are downloaded under ``work_dir`` as they are reached."""
+    if not any(str(item).startswith("s3://") for item in inputs):
+        return inputs
+    from workers.object_store import fetch_inputs  # boto3 only where object storage is used
+
+    return fetch_inputs(inputs, work_dir, pipe.settings)
 
 
 def _work_root(settings: Settings) -> Path:
@@ -372,6 +381,8 @@ def stitch_recording(pipe: Pipeline, recording_id: int) -> None:
             recording.language = transcript.language
             recording.stats = transcript.stats
             recording.outputs = render_all(transcript)
+            if recording.job.options.get("output_prefix"):  # written before DONE: a failed write is retried
+                recording.output_locations = _publish(pipe, recording)
             recording.move_to(DONE)
         finished = advance_job(session, job_id)
     _cleanup_if_final(pipe, finished)
@@ -420,13 +431,34 @@ def fail_job(pipe: Pipeline, job_id: str, error: str) -> None:
         if job is None or job.status in FINAL:
             return
         job.move_to(FAILED, error)
-    pipe.store.delete_job(job_id)
+    _cleanup_if_final(pipe, job)
+
+
+def _publish(pipe: Pipeline, recording: Recording) -> dict[str, str]:
+    """Write a recording's requested outputs to its job's ``output_prefix`` (object storage)."""
+    from workers.object_store import publish_outputs
+
+    options = recording.job.options
+    wanted = options.get("formats") or list(recording.outputs)
+    stem = Path(recording.source_key).stem or f"recording-{recording.position}"
+    if any(Path(r.source_key).stem == stem and r.position < recording.position for r in recording.job.recordings):
+        stem = f"{stem}-{recording.position}"
+    outputs = {name: recording.outputs[name] for name in wanted if name in recording.outputs}
+    return publish_outputs(outputs, options["output_prefix"], stem, pipe.settings)
 
 
 def _cleanup_if_final(pipe: Pipeline, job: Job | None) -> None:
-    """Drop whatever PCM a finished job left behind (chunks of failed recordings)."""
+    """Drop whatever PCM a finished job left behind (chunks of failed recordings); announce the end."""
     if job is not None and job.status in FINAL:
         pipe.store.delete_job(job.id)
+        _announce(pipe, job)
+
+
+def _announce(pipe: Pipeline, job: Job) -> None:
+    """Hand a finished job with a callback URL to the dispatcher's (optional) ``job_finished``."""
+    notify = getattr(pipe.dispatch, "job_finished", None)
+    if notify is not None and (job.options or {}).get("callback_url"):
+        notify(job.id)
 
 
 def _batched(items: Sequence[T], size: int) -> list[list[T]]:

@@ -63,6 +63,25 @@ class Settings(BaseSettings):
         "batched speculative decoding (per-sequence acceptance, continuous batching).",
     )
 
+    # service edge: object storage, uploads, bucket triggers, callbacks (see workers/object_store.py, api/)
+    s3_endpoint_url: str = Field("", description="S3 endpoint (MinIO, moto); empty: AWS. Credentials: AWS_* env.")
+    s3_region: str = "us-east-1"
+    s3_allowed_buckets: str = Field("", description="Comma-separated buckets s3:// sources may name.")
+    upload_bucket: str = Field("specscribe", description="Bucket that API uploads are streamed to.")
+    upload_prefix: str = Field("uploads", description="Key prefix of uploads: <prefix>/<job id>/<file name>.")
+    upload_max_bytes: int = Field(4 << 30, description="Largest upload accepted (413 above, nothing stored).")
+    s3_output_prefix: str = Field("", description="s3:// prefix of bucket-triggered outputs; empty: beside it.")
+    sqs_queue_url: str = Field("", description="SQS queue receiving S3 ObjectCreated notifications (s3-listen).")
+    s3_listen_prefix: str = Field("", description="Only objects whose key starts with this create jobs.")
+    s3_listen_suffixes: str = Field(
+        ".wav,.mp3,.flac,.m4a,.ogg,.opus,.mp4,.mkv,.webm,.zip,.tar,.tgz,.tar.gz",
+        description="Comma-separated key suffixes that create jobs (so written transcripts never do).",
+    )
+    webhook_secret: str = Field("", description="Shared secret of POST /v1/hooks/s3 (HMAC-SHA256); empty: off.")
+    callback_max_attempts: int = Field(6, description="Attempts of a job's callback POST (exponential backoff).")
+    api_url: str = Field("http://127.0.0.1:8000", description="Service URL used by the CLI client.")
+    api_key: str = Field("", description="API key used by the CLI client.")
+
     @model_validator(mode="after")
     def _fill_derived_urls(self) -> Settings:
         if not self.database_url:

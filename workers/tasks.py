@@ -14,6 +14,7 @@ import redis
 import sqlalchemy.exc
 from celery import Celery, Task
 
+from workers.callbacks import CallbackFailed, job_outcome, send_callback
 from workers.celery_app import INGEST_QUEUE, app
 from workers.chunk_store import ChunkStore
 from workers.jobstore import session_factory
@@ -69,6 +70,9 @@ class CeleryDispatcher:
 
     def stitch(self, recording_id: int) -> None:
         self.celery.send_task("specscribe.stitch", (recording_id,), queue=INGEST_QUEUE)
+
+    def job_finished(self, job_id: str) -> None:
+        self.celery.send_task("specscribe.callback", (job_id,), queue=INGEST_QUEUE)
 
 
 @lru_cache(maxsize=1)
@@ -127,3 +131,19 @@ def transcribe(chunk_ids: list[int]) -> int:
 def stitch(recording_id: int) -> None:
     """Stitch a recording whose chunks are all settled, and finish it."""
     stitch_recording(service_pipeline(), recording_id)
+
+
+@app.task(
+    name="specscribe.callback",
+    autoretry_for=(CallbackFailed, *TRANSIENT_ERRORS),
+    retry_backoff=True,
+    retry_backoff_max=600,
+    retry_jitter=True,
+    max_retries=max(_settings.callback_max_attempts - 1, 0),
+    time_limit=120,
+)
+def callback(job_id: str) -> None:
+    """POST a finished job's outcome to its callback URL (retried with backoff; gives up after the last try)."""
+    url, body = job_outcome(service_pipeline().sessions, job_id)
+    if url and body is not None:
+        send_callback(url, body)
