@@ -159,3 +159,19 @@ def test_speculative_with_distilled_drafter_is_lossless(setup, tmp_path, quantiz
 def test_default_policy_for_distilled_drafters() -> None:
     assert default_policy("distilled:whisper-base").confidence is not None
     assert default_policy("int8:") == DraftPolicy()
+
+
+def test_shipped_base_drafter_is_small_fp16_and_own_layers_only() -> None:
+    from safetensors import safe_open
+
+    from workers.asr.distilled import drafter_dir, read_metadata
+
+    meta = read_metadata("whisper-base")
+    assert meta["verifier"] == "bundled:whisper-base" and meta["layer_map"] == [0, 5]
+    assert meta["data_hours"] >= 1.0 and "command" in meta and "seed" in meta
+    path = drafter_dir("whisper-base") / WEIGHTS
+    assert path.stat().st_size < 20 * 2**20
+    with safe_open(str(path), "pt") as handle:
+        keys = list(handle.keys())
+        assert all(k.startswith(("layers.", "layer_norm.")) for k in keys)
+        assert {handle.get_tensor(k).dtype for k in keys} == {torch.float16}
