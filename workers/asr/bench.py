@@ -24,6 +24,7 @@ from workers.asr.token_rules import DecodeOptions
 from workers.types import DecodeStats
 
 METHODS = ("hf_plain", "hf_assisted", "ours_plain", "ours_speculative")
+EOS = 50257
 
 
 def normalize_text(text: str) -> str:
@@ -80,12 +81,16 @@ def _timed(fn: Callable[[], object], device: torch.device) -> tuple[object, floa
 
 
 def _hf_ids(sequence: torch.Tensor, prompt_length: int) -> list[int]:
-    ids = sequence.tolist()
-    eos = 50257
-    ids = ids[prompt_length:]
-    while len(ids) > 1 and ids[-1] == eos and ids[-2] == eos:  # generate() pads finished rows
+    """transformers' generated ids without the prompt and without end-of-text padding."""
+    ids = sequence.tolist()[prompt_length:]
+    while ids and ids[-1] == EOS:
         ids.pop()
     return ids
+
+
+def _same_text_ids(ours: list[int], theirs: list[int]) -> bool:
+    """Equal ids up to the final end-of-text (transformers' Whisper ``generate()`` drops it)."""
+    return _hf_ids(torch.tensor(ours), 0) == theirs
 
 
 def run_engine_bench(config: EngineBenchConfig, progress: Callable[[str], None] = print) -> dict:
@@ -204,7 +209,7 @@ def _report(config: EngineBenchConfig, clips, runs: dict[str, MethodRun], pair: 
     plain, spec = runs["ours_plain"], runs["ours_speculative"]
     identical = sum(a == b for a, b in zip(spec.ids, plain.ids))
     hf_plain = runs["hf_plain"].ids
-    identical_hf = sum(a == b for a, b in zip(spec.ids, hf_plain))
+    identical_hf = sum(_same_text_ids(a, b) for a, b in zip(spec.ids, hf_plain))
     ps, ss = plain.stats, spec.stats
     report = {
         "verifier": config.verifier,
@@ -217,9 +222,9 @@ def _report(config: EngineBenchConfig, clips, runs: dict[str, MethodRun], pair: 
         "audio_seconds": round(sum(clip.seconds for clip in clips), 2),
         "identical": identical,
         "identical_hf": identical_hf,
-        "identical_plain_hf": sum(a == b for a, b in zip(plain.ids, hf_plain)),
+        "identical_plain_hf": sum(_same_text_ids(a, b) for a, b in zip(plain.ids, hf_plain)),
         "identical_hf_assisted": sum(a == b for a, b in zip(runs["hf_assisted"].ids, hf_plain)),
-        "differing_clips_hf": [i for i, (a, b) in enumerate(zip(spec.ids, runs["hf_plain"].ids)) if a != b],
+        "differing_clips_hf": [i for i, (a, b) in enumerate(zip(spec.ids, hf_plain)) if not _same_text_ids(a, b)],
         "wer": {name: round(word_error_rate(references, run.texts), 4) for name, run in runs.items()},
         "wer_plain": round(word_error_rate(references, plain.texts), 4),
         "wer_speculative": round(word_error_rate(references, spec.texts), 4),
