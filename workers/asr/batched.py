@@ -14,6 +14,11 @@ batch, a refilled slot needs no re-alignment with its neighbours, and a row's po
 so each row's arithmetic is the same as decoding it alone. Ragged inputs within one forward (a new
 row's prompt next to a one-token row) are padded on the right and the padding is never kept.
 
+Verify budget: a verify pass scores every row's drafts at once, so its cost grows with the total number
+of positions (batch x (k + 1)) once the batch is large enough for the projections to be compute-bound
+rather than memory-bound (on a CPU from about 4 rows). Each row's ``k`` is therefore capped so that one
+pass holds at most ``verify_budget`` positions; rows still adapt ``k`` to their own acceptance below it.
+
 ``shared_acceptance=True`` reproduces what transformers and the distil-whisper paper measured: one
 accepted length for the whole (static) batch, the minimum over its rows. It stays lossless; it is kept
 as a benchmark mode only.
@@ -66,6 +71,7 @@ class BatchedDecoder:
         batch_size: int,
         policy: DraftPolicy | None = None,
         shared_acceptance: bool = False,
+        verify_budget: int = 64,
     ) -> None:
         self.single = SpeculativeDecoder(pair, policy)
         self.pair = pair
@@ -73,6 +79,7 @@ class BatchedDecoder:
         self.rules = self.single.rules
         self.batch_size = batch_size
         self.shared = shared_acceptance
+        self.verify_budget = verify_budget
         self.device = pair.verifier.device
         config = pair.verifier.model.config
         self.verifier = KVDecoder(pair.verifier.parts, batch_size, config.max_target_positions)
@@ -192,8 +199,10 @@ class BatchedDecoder:
         prefixes = {row.slot: list(row.tokens) for row in rows}
         pending: dict[int, list[int]] = {}
         drafting = []
+        cap = max(self.verify_budget // len(rows) - 1, 1)
         for row in rows:
             row.drafts = []
+            row.k = min(row.k, cap)
             if min(row.k, row.run.max_length - len(row.tokens) - 1) > 0:
                 pending[row.slot] = row.tokens[drafter.lengths[row.slot] :]
                 drafting.append(row)
