@@ -65,19 +65,6 @@ class DecodeResult:
 
 
 @dataclass(frozen=True)
-class PairSpec:
-    """A verifier and its drafter (``None`` for plain greedy), pinned to one device and dtype."""
-
-    verifier: str
-    drafter: str | None
-    device: str = "cpu"
-    dtype: str = "float32"
-
-
-# --- ingest: decode, archive expansion, chunking -------------------------------------------------
-
-
-@dataclass(frozen=True)
 class RecordingFile:
     """One recording to ingest: its name (file name, or member path inside an archive) and local path."""
 

@@ -69,10 +69,6 @@ class SpeculativeDecoder:
         feats = self.feature_extractor(audio, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
         return feats.to(self.device, self.pair.verifier.dtype)
 
-    def transcribe(self, pcm: np.ndarray, options: DecodeOptions | None = None, draft: bool = True) -> DecodeResult:
-        """Transcribe one chunk of 16 kHz PCM (at most 30 s)."""
-        return self.decode(self.features(pcm), options, duration=len(pcm) / SAMPLE_RATE, draft=draft)
-
     @torch.inference_mode()
     def decode(
         self,
@@ -127,9 +123,10 @@ class SpeculativeDecoder:
         """The verifier's processed top-2 logit gap at the position after ``generated`` (a diagnostic:
         a tiny gap means two implementations may round to different greedy choices there)."""
         encoder_out = self.pair.verifier.parts.encoder(features).last_hidden_state
-        self.verifier_decoder.start(self.verifier_decoder.cross_kv(encoder_out))
-        language = self.rules.language_token(options.language) if options.language else self._language_token(options)
-        self.verifier_decoder.start(self.verifier_decoder.cross_kv(encoder_out))
+        cross = self.verifier_decoder.cross_kv(encoder_out)
+        self.verifier_decoder.start(cross)
+        language = self._language_token(options)
+        self.verifier_decoder.start(cross)  # the prompt below is fed from an empty cache
         prompt = self.rules.prompt(language, options)
         tokens = prompt + generated
         logits = self.verifier_decoder.forward(torch.tensor([tokens], device=self.device))[0, -1]
