@@ -10,6 +10,7 @@ from fastapi.openapi.utils import get_openapi
 
 from api.metrics import make_registry
 from api.routes import health, hooks, jobs
+from api.s3_events import check_events_owner
 from api.schemas import JobSourceRequest
 from workers.jobstore import session_factory
 from workers.pipeline import Dispatcher
@@ -34,6 +35,8 @@ def create_app(settings: Settings | None = None, dispatcher: Dispatcher | None =
     )
     app.state.settings = settings
     app.state.sessions = session_factory(settings.database_url)
+    if settings.webhook_secret:
+        check_events_owner(app.state.sessions, settings)
     app.state.dispatcher = dispatcher
     app.state.redis = _redis_factory(settings.redis_url)
     app.state.registry = make_registry(app.state.sessions, app.state.redis)

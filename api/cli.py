@@ -53,6 +53,7 @@ def drafter_corpus(
     text: list[Path] = typer.Option(None, help="Text files to read (default: prose found on this system)."),
     seed: int = typer.Option(0, help="Seed for sentence order, voices, speeds, pauses and noise."),
     workers: int = typer.Option(2, min=1, help="Parallel synthesis processes."),
+    natural_share: float = typer.Option(0.5, min=0.0, max=1.0, help="Share of recordings in the natural Piper voice."),
 ) -> None:
     """Synthesise an English training corpus offline with every installed voice (no benchmark sentences)."""
     from rich.progress import Progress
@@ -64,7 +65,7 @@ def drafter_corpus(
     with Progress() as bar:
         task = bar.add_task("synthesising", total=None)
         report = lambda done, total: bar.update(task, completed=done, total=total)  # noqa: E731
-        rows = build_corpus(out, hours, texts, available_voices(), seed, workers, report)
+        rows = build_corpus(out, hours, texts, available_voices(), seed, workers, natural_share, report)
     seconds = sum(row["seconds"] for row in rows)
     print(f"{len(rows)} recordings, {seconds / 3600:.2f} h of speech in {out}")
 

@@ -15,7 +15,7 @@ from urllib.parse import unquote_plus
 from sqlalchemy.exc import IntegrityError
 
 from api.schemas import ALL_FORMATS, HookResult
-from workers.db_models import Job, S3Event
+from workers.db_models import ApiKey, Job, S3Event
 from workers.jobstore import SessionFactory, transaction
 from workers.object_store import S3_SCHEME, allowed_buckets, output_prefix_for
 from workers.pipeline import Dispatcher
@@ -77,6 +77,7 @@ def job_for_event(
                 source=event.uri,
                 inputs=[event.uri],
                 pair=settings.default_pair,
+                api_key_id=settings.s3_events_key_id,
                 options={"formats": list(ALL_FORMATS), "output_prefix": output_prefix_for(event.uri, settings)},
             )
             session.add(job)
@@ -90,6 +91,19 @@ def job_for_event(
         return None
     dispatch.ingest(job_id)
     return job_id
+
+
+def check_events_owner(sessions: SessionFactory, settings: Settings) -> None:
+    """Refuse to start when ``s3_events_key_id`` names no live API key (events would fail one by one)."""
+    if settings.s3_events_key_id is None:
+        return
+    with sessions() as session:
+        key = session.get(ApiKey, settings.s3_events_key_id)
+    if key is None or key.revoked_at is not None:
+        raise ValueError(
+            f"SPECSCRIBE_S3_EVENTS_KEY_ID={settings.s3_events_key_id} is not a live API key; "
+            "create one with `specscribe keys create NAME` and use the id it prints"
+        )
 
 
 def handle_events(
@@ -117,6 +131,7 @@ class SqsListener:
     ) -> None:
         import boto3
 
+        check_events_owner(sessions, settings)
         self.sessions, self.dispatch, self.settings = sessions, dispatch, settings
         self.queue_url = settings.sqs_queue_url
         self.sqs = sqs or boto3.client(

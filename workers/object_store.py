@@ -92,16 +92,18 @@ class StreamingUpload:
             self.abort()
             raise UploadTooLarge(f"upload larger than {self.max_bytes} bytes")
         self.buffer += data
-        if len(self.buffer) >= PART_BYTES:
-            self._flush()
+        while len(self.buffer) >= PART_BYTES:
+            self._flush(PART_BYTES)
 
-    def _flush(self) -> None:
+    def _flush(self, size: int | None = None) -> None:
+        """Send the first ``size`` buffered bytes (all by default) as the next part."""
+        size = len(self.buffer) if size is None else size
         number = len(self.parts) + 1
         answer = self.client.upload_part(
-            Bucket=self.bucket, Key=self.key, UploadId=self.upload_id, PartNumber=number, Body=bytes(self.buffer)
+            Bucket=self.bucket, Key=self.key, UploadId=self.upload_id, PartNumber=number, Body=bytes(self.buffer[:size])
         )
         self.parts.append({"PartNumber": number, "ETag": answer["ETag"]})
-        self.buffer.clear()
+        del self.buffer[:size]
 
     def complete(self) -> int:
         """Finish the object; returns its size in bytes."""

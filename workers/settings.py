@@ -77,6 +77,11 @@ class Settings(BaseSettings):
         ".wav,.mp3,.flac,.m4a,.ogg,.opus,.mp4,.mkv,.webm,.zip,.tar,.tgz,.tar.gz",
         description="Comma-separated key suffixes that create jobs (so written transcripts never do).",
     )
+    s3_events_key_id: int | None = Field(
+        None,
+        description="Id of the API key (`specscribe keys create`) that owns bucket-triggered jobs and sees "
+        "them through the API; unset: no key does (operators follow them in the database and Flower).",
+    )
     webhook_secret: str = Field("", description="Shared secret of POST /v1/hooks/s3 (HMAC-SHA256); empty: off.")
     callback_max_attempts: int = Field(6, description="Attempts of a job's callback POST (exponential backoff).")
     api_url: str = Field("http://127.0.0.1:8000", description="Service URL used by the CLI client.")

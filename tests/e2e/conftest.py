@@ -14,6 +14,7 @@ import pytest
 import redis
 
 from tests.integration.conftest import base_model_cached, postgres_url  # noqa: F401 (shared fixtures)
+from tests.integration.edge_fixtures import moto_endpoint  # noqa: F401 (shared fixture)
 from workers.celery_app import make_celery
 from workers.chunk_store import ChunkStore
 from workers.jobstore import session_factory, upgrade_database
@@ -28,6 +29,8 @@ REDIS_URL = os.environ.get("SPECSCRIBE_TEST_REDIS", "redis://127.0.0.1:6379/9")
 """A Redis database of its own: flushed at the start of the session (the workers' queues and chunks)."""
 VISIBILITY_TIMEOUT = 10
 """Short, so a message abandoned by a killed worker comes back within seconds."""
+UPLOAD_BUCKET, LECTURE_BUCKET = "e2e-uploads", "e2e-lectures"
+"""The service tests' buckets on the moto server (the workers read sources and write outputs there)."""
 
 
 @dataclass
@@ -49,7 +52,12 @@ class Cluster:
 
 
 @pytest.fixture(scope="session")
-def cluster(postgres_url: str, base_model_cached: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:  # noqa: F811
+def cluster(
+    postgres_url: str,  # noqa: F811
+    base_model_cached: Path,  # noqa: F811
+    moto_endpoint: str,  # noqa: F811
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Cluster]:
     client = redis.Redis.from_url(REDIS_URL)
     try:
         client.ping()
@@ -63,6 +71,9 @@ def cluster(postgres_url: str, base_model_cached: Path, tmp_path_factory: pytest
         "SPECSCRIBE_BROKER_URL": REDIS_URL,
         "SPECSCRIBE_VISIBILITY_TIMEOUT": str(VISIBILITY_TIMEOUT),
         "SPECSCRIBE_CACHE_DIR": str(get_settings().cache_dir),  # the converted model is there
+        "SPECSCRIBE_S3_ENDPOINT_URL": moto_endpoint,
+        "SPECSCRIBE_S3_ALLOWED_BUCKETS": LECTURE_BUCKET,
+        "SPECSCRIBE_UPLOAD_BUCKET": UPLOAD_BUCKET,
     }
     settings = Settings(**{k.removeprefix("SPECSCRIBE_").lower(): v for k, v in env.items()})
     pipe = Pipeline(

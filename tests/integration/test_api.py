@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 
 import pytest
@@ -111,6 +112,26 @@ def test_upload_creates_the_job_and_the_object(edge: Edge) -> None:
     with edge.app.state.sessions() as session:
         job = session.get(Job, body["job_id"])
         assert job.inputs == [uri] and job.options["formats"] == ["srt", "txt"] and job.source == "week 2.wav"
+
+
+def test_upload_of_several_parts_is_stored_whole(edge: Edge) -> None:
+    """An upload bigger than one S3 part (8 MiB) arrives as a multipart object of three parts, byte for byte."""
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+    from workers.object_store import PART_BYTES
+
+    settings = edge.settings.model_copy(update={"upload_max_bytes": 3 * PART_BYTES})
+    client = TestClient(create_app(settings, edge.dispatcher))
+    data = hashlib.sha256(b"seed").digest() * ((5 * PART_BYTES // 2) // 32)
+    files = {"file": ("long lecture.wav", io.BytesIO(data), "audio/wav")}
+    answer = client.post("/v1/jobs", files=files, headers=edge.headers())
+    assert answer.status_code == 202, answer.text
+    key = answer.json()["inputs"][0].split("/", 3)[3]
+    head = edge.s3.head_object(Bucket=UPLOAD_BUCKET, Key=key)
+    assert head["ContentLength"] == len(data) and head["ETag"].strip('"').endswith("-3")
+    stored = edge.s3.get_object(Bucket=UPLOAD_BUCKET, Key=key)["Body"].read()
+    assert hashlib.sha256(stored).digest() == hashlib.sha256(data).digest()
 
 
 def test_upload_with_bad_options_stores_nothing(edge: Edge) -> None:

@@ -119,3 +119,14 @@ def test_upload_to_transcripts_in_s3(edge: Edge, tmp_path: Path) -> None:
     served = edge.client.get(f"/v1/jobs/{job_id}/recordings/{rid}/transcript?format=srt", headers=edge.headers())
     assert served.text == srt and "-->" in srt
     assert job_id in edge.dispatcher.finished  # the callback is announced once the job ends
+
+
+def test_events_owner_must_be_a_live_key(edge: Edge) -> None:
+    from api.app import create_app
+    from api.s3_events import check_events_owner
+
+    with pytest.raises(ValueError, match="not a live API key"):
+        create_app(edge.settings.model_copy(update={"s3_events_key_id": 987654}), edge.dispatcher)
+    with edge.app.state.sessions() as session:
+        key_id = session.query(Job.api_key_id).filter(Job.api_key_id.isnot(None)).first()[0]
+    check_events_owner(edge.app.state.sessions, edge.settings.model_copy(update={"s3_events_key_id": key_id}))

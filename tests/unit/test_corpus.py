@@ -63,6 +63,16 @@ def test_plans_are_seeded_and_mix_voices() -> None:
     assert all(0.85 <= p.speed <= 1.15 and len(p.pauses) == len(p.sentences) - 1 for p in plans)
 
 
+def test_natural_share_weights_the_piper_voice() -> None:
+    voices = ["piper:joe", "espeak:en-us", "flite:slt"]
+    for share in (0.0, 0.5, 0.75, 1.0):
+        plans = plan_recordings(corpus_sentences([CLEAN]), voices, 3.0, seed=2, natural_share=share)
+        natural = sum(p.voice == "piper:joe" for p in plans)
+        assert abs(natural - share * len(plans)) <= 1
+        others = [p.voice for p in plans if p.voice != "piper:joe"]
+        assert share == 1.0 or set(others) == {"espeak:en-us", "flite:slt"}
+
+
 @pytest.mark.skipif(not shutil.which("espeak-ng"), reason="espeak-ng not installed")
 def test_render_writes_16k_flac(tmp_path) -> None:
     from workers.decode import decode

@@ -11,6 +11,7 @@ listed in ``manifest.jsonl``. No transcripts are needed downstream: the verifier
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import re
@@ -144,9 +145,11 @@ def english_voices(voices: Iterable[str]) -> list[str]:
     return [v for v in voices if v.startswith(("piper:", "flite:", "espeak:en")) and v != "flite:awb_time"]
 
 
-def plan_recordings(sentences: list[str], voices: list[str], hours: float, seed: int) -> list[RecordingPlan]:
+def plan_recordings(
+    sentences: list[str], voices: list[str], hours: float, seed: int, natural_share: float = 0.5
+) -> list[RecordingPlan]:
     """Deal shuffled sentences into 2-5 minute recordings (by estimated length) until ``hours`` are planned;
-    half of them in the natural Piper voice, the rest round-robin over the other voices.
+    ``natural_share`` of them in the natural Piper voice, the rest round-robin over the other voices.
 
     Sentences are reused (by other voices and speeds) only when the text runs out."""
     if not sentences or not voices:
@@ -155,11 +158,13 @@ def plan_recordings(sentences: list[str], voices: list[str], hours: float, seed:
     order = list(sentences)
     rng.shuffle(order)
     plans: list[RecordingPlan] = []
-    planned, cursor = 0.0, 0
+    planned, cursor, others_used = 0.0, 0, 0
     while planned < hours * 3600:
         others = [v for v in voices if v != PREFERRED_VOICE] or voices
-        natural = PREFERRED_VOICE in voices and len(plans) % 2 == 0
-        voice = PREFERRED_VOICE if natural else others[(len(plans) // 2) % len(others)]
+        n = len(plans)
+        natural = PREFERRED_VOICE in voices and math.floor((n + 1) * natural_share) > math.floor(n * natural_share)
+        voice = PREFERRED_VOICE if natural else others[others_used % len(others)]
+        others_used += 0 if natural else 1
         speed = round(rng.uniform(0.85, 1.15), 3)
         target = rng.uniform(120, 300)
         chosen: list[str] = []
@@ -220,13 +225,14 @@ def build_corpus(
     voices: list[str],
     seed: int = 0,
     workers: int = 2,
+    natural_share: float = 0.5,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[dict]:
     """Plan and synthesise the corpus into ``out`` (existing recordings are kept: a rerun resumes).
 
     Returns the manifest rows (also written to ``out/manifest.jsonl``)."""
     out.mkdir(parents=True, exist_ok=True)
-    plans = plan_recordings(corpus_sentences(texts), english_voices(voices), hours, seed)
+    plans = plan_recordings(corpus_sentences(texts), english_voices(voices), hours, seed, natural_share)
     rows: list[dict] = []
     with ProcessPoolExecutor(max_workers=workers) as pool:
         for row in pool.map(_render_to, plans, [str(out)] * len(plans)):
