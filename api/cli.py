@@ -85,6 +85,9 @@ def drafter_distill(
     cache_dir: Path | None = typer.Option(None, help="Label cache (default: <cache_dir>/distill)."),
     seed: int = typer.Option(0, help="Seed of the batch schedule."),
     resume: bool = typer.Option(False, help="Continue from OUT/checkpoint.pt."),
+    draft_vocab: int = typer.Option(
+        8192, min=0, help="Most frequent label tokens the drafter may propose (plus special tokens); 0: all."
+    ),
     threads: int = typer.Option(1, min=1, help="torch CPU threads (1 is fastest on a busy shared CPU)."),
 ) -> None:
     """Distil a decoder-only drafter for VERIFIER from unlabeled audio (pseudo-labelled by the verifier)."""
@@ -100,7 +103,7 @@ def drafter_distill(
     command = shlex.join(["specscribe", *sys.argv[1:]])
     config = DistillConfig(
         verifier, audio, out, layers, device, hours_limit, language, cache_dir=cache_dir, resume=resume, train=train,
-        command=command,
+        command=command, draft_vocab=draft_vocab,
     )  # fmt: skip
     meta = run_distill(config)
     print(

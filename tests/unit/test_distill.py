@@ -14,14 +14,18 @@ from workers.asr.distill import (
     agreement,
     batch_indices,
     hallucination_reason,
+    label_counts,
     split_heldout,
     teacher_top,
     train,
+    vocab_coverage,
 )
 from workers.asr.distilled import (
     METADATA,
     WEIGHTS,
+    DraftVocabulary,
     build_drafter,
+    choose_draft_vocab,
     own_state,
     save_drafter,
     spaced_layers,
@@ -110,11 +114,29 @@ def test_resume_matches_uninterrupted_run(setup, tmp_path) -> None:
         assert torch.equal(value, own_state(fresh)[key]), key
 
 
-def _saved(verifier: Verifier, chunks: list[Labelled], path) -> None:
+def _saved(verifier: Verifier, chunks: list[Labelled], path, vocab: torch.Tensor | None = None) -> None:
     model = build_drafter(verifier, [0, 3])
     train(model, chunks, chunks[-2:], CONFIG, show_progress=False)
     meta = {"verifier": verifier.ref, "verifier_fingerprint": verifier_fingerprint(verifier), "layer_map": [0, 3]}
-    save_drafter(model, path, meta)
+    save_drafter(model, path, meta, vocab)
+
+
+def test_draft_vocabulary_keeps_frequent_and_special_tokens(setup) -> None:
+    verifier, chunks = setup
+    counts = label_counts(chunks)
+    vocab = choose_draft_vocab(counts, 5, EOS, verifier.model.config.vocab_size)
+    specials = list(range(EOS, verifier.model.config.vocab_size))
+    assert vocab.tolist() == sorted([t for t, _ in counts.most_common() if t < EOS][:5] + specials)
+    assert 0.0 < vocab_coverage(vocab, chunks) < 1.0
+    proj = verifier.model.proj_out
+    restricted = DraftVocabulary(proj, vocab)
+    hidden = torch.randn(2, 3, proj.in_features)
+    logits, full = restricted(hidden), proj(hidden)
+    index = vocab.long()
+    assert torch.allclose(logits[..., index], full[..., index], atol=1e-5)
+    outside = torch.ones(full.shape[-1], dtype=torch.bool)
+    outside[index] = False
+    assert (logits[..., outside] == torch.finfo(logits.dtype).min).all()
 
 
 def test_saved_drafter_holds_only_its_own_layers(setup, tmp_path) -> None:
@@ -136,13 +158,18 @@ def test_drafter_refuses_another_verifier(setup, tmp_path) -> None:
         load_drafter(f"distilled:{tmp_path}", other)
 
 
-@pytest.mark.parametrize("quantize", [True, False])
-def test_speculative_with_distilled_drafter_is_lossless(setup, tmp_path, quantize: bool) -> None:
+@pytest.mark.parametrize(("quantize", "draft_vocab"), [(True, None), (False, None), (True, 6), (False, 6)])
+def test_speculative_with_distilled_drafter_is_lossless(
+    setup, tmp_path, quantize: bool, draft_vocab: int | None
+) -> None:
     from workers.asr.distilled import load_distilled_drafter
 
     verifier, chunks = setup
-    _saved(verifier, chunks, tmp_path)
+    size = verifier.model.config.vocab_size
+    vocab = None if draft_vocab is None else choose_draft_vocab(label_counts(chunks), draft_vocab, EOS, size)
+    _saved(verifier, chunks, tmp_path, vocab)
     drafter = load_distilled_drafter(str(tmp_path), verifier, quantize=quantize)
+    assert isinstance(drafter.parts.proj_out, DraftVocabulary) == (vocab is not None)
     validate_pair(verifier, drafter, None)
     assert drafter.parts.decoder.embed_tokens is verifier.model.model.decoder.embed_tokens
     pair = LoadedPair(verifier, drafter)

@@ -36,6 +36,7 @@ from transformers import WhisperForCausalLM
 
 from workers.asr.distilled import (
     build_drafter,
+    choose_draft_vocab,
     load_own_state,
     own_state,
     save_drafter,
@@ -386,6 +387,8 @@ class DistillConfig:
     hours_limit: float | None = None
     language: str | None = None
     top_k: int = 16
+    draft_vocab: int = 8192
+    """Label tokens (by frequency) the drafter may propose, besides special/timestamp tokens; 0: all."""
     cache_dir: Path | None = None
     resume: bool = False
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -437,5 +440,31 @@ def run_distill(config: DistillConfig) -> dict:
         "train_seconds": round(result.seconds, 1),
         "command": config.command,
     }
-    save_drafter(model, config.out, metadata)
+    vocab = None
+    if config.draft_vocab:
+        config_ = verifier.model.config
+        counts = label_counts(train_chunks)
+        vocab = choose_draft_vocab(counts, config.draft_vocab, int(config_.eos_token_id), config_.vocab_size)
+        metadata["draft_vocab"] = {
+            "tokens": len(vocab),
+            "label_tokens": config.draft_vocab,
+            "heldout_coverage": round(vocab_coverage(vocab, heldout), 4),
+        }
+    save_drafter(model, config.out, metadata, vocab)
     return metadata
+
+
+def label_counts(chunks: list[Labelled]) -> Counter:
+    """How often each token id occurs in the chunks' label sequences (prompts excluded)."""
+    counts: Counter = Counter()
+    for chunk in chunks:
+        for seq in chunk.sequences:
+            counts.update(seq.tokens[seq.prompt :])
+    return counts
+
+
+def vocab_coverage(vocab: torch.Tensor, chunks: list[Labelled]) -> float:
+    """The share of the chunks' label tokens that lie in ``vocab``."""
+    allowed = set(vocab.tolist())
+    counts = label_counts(chunks)
+    return sum(n for t, n in counts.items() if t in allowed) / max(1, sum(counts.values()))
