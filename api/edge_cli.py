@@ -4,6 +4,7 @@ and the HTTP client commands (submit, status, fetch). :mod:`api.cli` mounts them
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -54,8 +55,17 @@ def s3_listen() -> None:
 
 def flower(port: int = typer.Option(5555, help="Port."), address: str = typer.Option("0.0.0.0", help="Bind.")) -> None:
     """Run Flower on the service's broker (task args are job ids, chunk ids and recording ids)."""
-    command = ["celery", "-A", "workers.celery_app", "flower", f"--port={port}", f"--address={address}"]
-    os.execvp(command[0], command)
+    command = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "workers.celery_app",
+        "flower",
+        f"--port={port}",
+        f"--address={address}",
+    ]
+    os.execv(command[0], command)  # this interpreter's celery: the venv need not be on PATH
 
 
 def _client():

@@ -57,22 +57,27 @@ _RELIABLE: dict[str, Any] = {
 
 
 class CeleryDispatcher:
-    """Sends the next stage's task to its queue (through ``celery``, the service's app by default)."""
+    """Sends the next stage's task to its queue (through ``celery``, the service's app by default).
+
+    Each task's ``argsrepr`` (what Flower shows as its arguments) reads ``job=<id>``, ``chunks=<ids>``
+    or ``recording=<id>``."""
 
     def __init__(self, celery: Celery | None = None) -> None:
         self.celery = celery or app
 
     def ingest(self, job_id: str) -> None:
-        self.celery.send_task("specscribe.ingest", (job_id,), queue=INGEST_QUEUE)
+        self.celery.send_task("specscribe.ingest", (job_id,), queue=INGEST_QUEUE, argsrepr=f"job={job_id}")
 
     def transcribe(self, pair: str, chunk_ids: list[int]) -> None:
-        self.celery.send_task("specscribe.transcribe", (chunk_ids,), queue=pair_queue(pair))
+        shown = f"chunks={','.join(map(str, chunk_ids))}"
+        self.celery.send_task("specscribe.transcribe", (chunk_ids,), queue=pair_queue(pair), argsrepr=shown)
 
     def stitch(self, recording_id: int) -> None:
-        self.celery.send_task("specscribe.stitch", (recording_id,), queue=INGEST_QUEUE)
+        shown = f"recording={recording_id}"
+        self.celery.send_task("specscribe.stitch", (recording_id,), queue=INGEST_QUEUE, argsrepr=shown)
 
     def job_finished(self, job_id: str) -> None:
-        self.celery.send_task("specscribe.callback", (job_id,), queue=INGEST_QUEUE)
+        self.celery.send_task("specscribe.callback", (job_id,), queue=INGEST_QUEUE, argsrepr=f"job={job_id}")
 
 
 @lru_cache(maxsize=1)

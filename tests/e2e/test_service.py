@@ -5,6 +5,10 @@ S3; a redelivered notification creates no second job."""
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -12,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -24,6 +29,7 @@ from tests.e2e.test_distributed import assert_ordered_cues, parse_cues
 from workers.asr.bench import word_error_rate
 from workers.celery_app import make_celery
 from workers.db_models import Job
+from workers.local_cluster import wait_until
 from workers.object_store import s3_client
 from workers.settings import Settings
 from workers.tasks import CeleryDispatcher
@@ -68,7 +74,39 @@ class Service:
 
 
 @pytest.fixture(scope="module")
-def service(cluster: Cluster, moto_endpoint: str) -> Iterator[Service]:
+def flower(cluster: Cluster) -> Iterator[str]:
+    """``specscribe flower`` on the cluster's broker (API open for the test); yields its URL."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, **cluster.env, "FLOWER_UNAUTHENTICATED_API": "true"}
+    command = [
+        str(Path(sys.executable).with_name("specscribe")),
+        "flower",
+        "--port",
+        str(port),
+        "--address",
+        "127.0.0.1",
+    ]
+    log = (cluster.logs / "flower.log").open("wb")
+    process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        try:
+            return httpx.get(f"{url}/healthcheck", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_until(healthy, 60, 0.5, what="flower up")
+    yield url
+    process.terminate()
+    process.wait(20)
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def service(cluster: Cluster, moto_endpoint: str, flower: str) -> Iterator[Service]:
     s3 = s3_client(cluster.settings)
     for bucket in (UPLOAD_BUCKET, LECTURE_BUCKET):
         s3.create_bucket(Bucket=bucket)
@@ -115,6 +153,22 @@ def test_upload_to_transcripts_in_s3(service: Service, tmp_path: Path) -> None:
         f"/v1/jobs/{detail['id']}/recordings/{rid}/transcript?format=srt", headers=service.headers()
     )
     assert served.text == service.text(outputs["srt"])
+
+
+def test_flower_shows_the_tasks_by_job_and_chunk(service: Service, flower: str) -> None:
+    """Flower (started before the jobs) saw every stage's task, its arguments named as ids."""
+    with service.app.state.sessions() as session:
+        job = session.query(Job).filter(Job.source == "week 3.wav").one()
+        chunk_ids = sorted(c.id for r in job.recordings for c in r.chunks)
+        recording_ids = [r.id for r in job.recordings]
+    tasks = httpx.get(f"{flower}/api/tasks", timeout=10).json().values()
+    shown = {(t["name"], t["args"]) for t in tasks if t.get("state") == "SUCCESS"}
+    assert ("specscribe.ingest", f"job={job.id}") in shown
+    assert ("specscribe.stitch", f"recording={recording_ids[0]}") in shown
+    transcribed = {int(i) for name, args in shown if name == "specscribe.transcribe" for i in args[7:].split(",")}
+    assert set(chunk_ids) <= transcribed
+    workers = httpx.get(f"{flower}/api/workers", params={"refresh": "true"}, timeout=30).json()
+    assert len(workers) >= 2  # the ingest and the ASR worker answer Flower's inspection
 
 
 def test_s3_put_notifies_the_listener_and_the_job_finishes_once(service: Service, tmp_path: Path) -> None:
