@@ -6,6 +6,8 @@ from pathlib import Path
 
 import yaml
 
+from workers.pairs import pair_queue
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -48,7 +50,16 @@ def test_one_asr_worker_per_gpu() -> None:
         assert len(devices) == 1 and devices[0]["capabilities"] == ["gpu"] and len(devices[0]["device_ids"]) == 1
         gpus += devices[0]["device_ids"]
         assert service["environment"]["CUDA_VISIBLE_DEVICES"] == "0"
+        # the pair jobs default to (so API jobs reach these queues), with a drafter that runs on CUDA
+        pair = service["command"][service["command"].index("--pair") + 1]
+        assert pair == _env_example()["SPECSCRIBE_DEFAULT_PAIR"] and not pair.endswith("+int8:"), name
+        assert f"-d {pair_queue(pair)}.cuda:0@" in service["healthcheck"]["test"][1], name
     assert len(set(gpus)) == len(gpus)
+
+
+def _env_example() -> dict[str, str]:
+    lines = (ROOT / ".env.example").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
 
 
 def test_env_example_names_real_settings() -> None:

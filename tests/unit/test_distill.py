@@ -21,6 +21,7 @@ from workers.asr.distill import (
     vocab_coverage,
 )
 from workers.asr.distilled import (
+    DRAFT_VOCAB,
     METADATA,
     WEIGHTS,
     DraftVocabulary,
@@ -199,6 +200,11 @@ def test_shipped_base_drafter_is_small_fp16_and_own_layers_only() -> None:
     path = drafter_dir("whisper-base") / WEIGHTS
     assert path.stat().st_size < 20 * 2**20
     with safe_open(str(path), "pt") as handle:
-        keys = list(handle.keys())
+        names = handle.keys()
+        keys = [k for k in names if k != DRAFT_VOCAB]
         assert all(k.startswith(("layers.", "layer_norm.")) for k in keys)
         assert {handle.get_tensor(k).dtype for k in keys} == {torch.float16}
+        if DRAFT_VOCAB in names:
+            vocab = handle.get_tensor(DRAFT_VOCAB)
+            assert vocab.dtype == torch.int32 and bool((vocab[1:] > vocab[:-1]).all())
+            assert meta["draft_vocab"]["tokens"] == len(vocab)
