@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -22,9 +23,16 @@ def bench_engine(
     dtype: str = typer.Option("float32", help="float32, float16 or bfloat16."),
     threads: int = typer.Option(2, min=1, help="torch CPU threads."),
     timestamps: bool = typer.Option(False, help="Decode with timestamp tokens."),
-    draft_initial: int = typer.Option(5, min=1, help="Initial draft length k."),
-    draft_max: int = typer.Option(16, min=1, help="Largest draft length."),
-    confidence: float = typer.Option(0.0, min=0.0, max=1.0, help="Stop drafting below this top probability."),
+    draft_initial: int | None = typer.Option(
+        None, min=1, help="Initial draft length k (default: the drafter's policy)."
+    ),
+    draft_max: int | None = typer.Option(None, min=1, help="Largest draft length (default: the drafter's policy)."),
+    confidence: float | None = typer.Option(
+        None,
+        min=0.0,
+        max=1.0,
+        help="Stop drafting below this top probability; 0: never (default: the drafter's policy).",
+    ),
     batch_sizes: str = typer.Option("", help="Also run batched decoding at these batch sizes, e.g. 1,4,8,16."),
     json_path: Path | None = typer.Option(None, "--json", help="Write the report as JSON here."),
 ) -> None:
@@ -32,10 +40,14 @@ def bench_engine(
     from rich.console import Console
 
     from workers.asr.bench import EngineBenchConfig, format_table, run_engine_bench, write_json
-    from workers.asr.speculative import DraftPolicy
+    from workers.asr.speculative import default_policy
 
     console = Console(stderr=True)
-    policy = DraftPolicy(initial=draft_initial, maximum=max(draft_max, draft_initial), confidence=confidence or None)
+    policy = default_policy(drafter)
+    initial = draft_initial or policy.initial
+    maximum = max(draft_max or policy.maximum, initial)
+    cut = policy.confidence if confidence is None else (confidence or None)
+    policy = replace(policy, initial=initial, maximum=maximum, confidence=cut)
     sizes = tuple(int(b) for b in batch_sizes.split(",") if b.strip())
     config = EngineBenchConfig(
         verifier, drafter, clips, device, dtype, threads, timestamps=timestamps, policy=policy, batch_sizes=sizes
@@ -86,7 +98,7 @@ def drafter_distill(
     seed: int = typer.Option(0, help="Seed of the batch schedule."),
     resume: bool = typer.Option(False, help="Continue from OUT/checkpoint.pt."),
     draft_vocab: int = typer.Option(
-        8192, min=0, help="Most frequent label tokens the drafter may propose (plus special tokens); 0: all."
+        16384, min=0, help="Text tokens the drafter may propose (plus special tokens); 0: all."
     ),
     threads: int = typer.Option(1, min=1, help="torch CPU threads (1 is fastest on a busy shared CPU)."),
 ) -> None:

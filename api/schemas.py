@@ -21,7 +21,7 @@ class JobOptions(BaseModel):
 
     pair: str | None = Field(
         None, max_length=300, description="VERIFIER+DRAFTER; default: the service's default pair.",
-        examples=["bundled:whisper-base+int8:"],
+        examples=["bundled:whisper-base+distilled:whisper-base"],
     )  # fmt: skip
     language: str | None = Field(
         None, min_length=2, max_length=16, pattern=r"^[a-z]{2,3}(-[A-Za-z]+)?$", description="Language code; "

@@ -45,7 +45,9 @@ class Settings(BaseSettings):
 
     # pipeline: job store, broker, workers (see workers/jobstore.py, workers/celery_app.py)
     default_pair: str = Field(
-        "bundled:whisper-base+int8:", description="VERIFIER+DRAFTER used when a job names no pair."
+        "bundled:whisper-base+distilled:whisper-base",
+        description="VERIFIER+DRAFTER used when a job names no pair: base with the drafter distilled for it and "
+        "shipped in the package (runs on CPU and CUDA; `int8:` is the CPU-only alternative).",
     )
     database_url: str = Field("", description="SQLAlchemy URL; empty: SQLite file under cache_dir.")
     broker_url: str = Field("", description="Celery broker; empty: redis_url.")

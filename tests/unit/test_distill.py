@@ -128,6 +128,9 @@ def test_draft_vocabulary_keeps_frequent_and_special_tokens(setup) -> None:
     vocab = choose_draft_vocab(counts, 5, EOS, verifier.model.config.vocab_size)
     specials = list(range(EOS, verifier.model.config.vocab_size))
     assert vocab.tolist() == sorted([t for t, _ in counts.most_common() if t < EOS][:5] + specials)
+    text = [t for t in counts if t < EOS]
+    filled = choose_draft_vocab(counts, len(text) + 3, EOS, verifier.model.config.vocab_size).tolist()
+    assert filled == sorted(text + [t for t in range(EOS) if t not in counts][:3] + specials)
     assert 0.0 < vocab_coverage(vocab, chunks) < 1.0
     proj = verifier.model.proj_out
     restricted = DraftVocabulary(proj, vocab)

@@ -387,8 +387,8 @@ class DistillConfig:
     hours_limit: float | None = None
     language: str | None = None
     top_k: int = 16
-    draft_vocab: int = 8192
-    """Label tokens (by frequency) the drafter may propose, besides special/timestamp tokens; 0: all."""
+    draft_vocab: int = 16384
+    """Text tokens the drafter may propose (label frequency, then lowest ids) besides special tokens; 0: all."""
     cache_dir: Path | None = None
     resume: bool = False
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -447,7 +447,7 @@ def run_distill(config: DistillConfig) -> dict:
         vocab = choose_draft_vocab(counts, config.draft_vocab, int(config_.eos_token_id), config_.vocab_size)
         metadata["draft_vocab"] = {
             "tokens": len(vocab),
-            "label_tokens": config.draft_vocab,
+            "text_tokens": config.draft_vocab,
             "heldout_coverage": round(vocab_coverage(vocab, heldout), 4),
         }
     save_drafter(model, config.out, metadata, vocab)
