@@ -85,7 +85,7 @@ def drafter_corpus(
 @drafter_app.command("distill")
 def drafter_distill(
     verifier: str = typer.Option(..., help="Verifier model reference (e.g. bundled:whisper-base)."),
-    audio: Path = typer.Option(..., exists=True, help="Unlabeled recordings: a directory or an archive."),
+    audio: str = typer.Option(..., help="Unlabeled recordings: a directory, an archive or s3://bucket/prefix/."),
     out: Path = typer.Option(..., help="Output directory (drafter.safetensors, drafter.json, checkpoint.pt)."),
     layers: int = typer.Option(2, min=1, help="Decoder layers of the drafter."),
     device: str = typer.Option("cpu", help="cpu or cuda:N."),
@@ -108,6 +108,10 @@ def drafter_distill(
 
     import torch
 
+    from workers.object_store import is_s3_uri
+
+    if not is_s3_uri(audio) and not Path(audio).exists():
+        raise typer.BadParameter(f"{audio} does not exist", param_hint="--audio")
     torch.set_num_threads(threads)
     from workers.asr.distill import DistillConfig, TrainConfig, run_distill
 

@@ -157,6 +157,21 @@ def label_features(
     return encoder[0].half().cpu(), sequences
 
 
+def local_audio(audio: Path | str, work_dir: Path) -> Path:
+    """``audio`` itself, or (for ``s3://bucket/prefix/``) a directory under ``work_dir`` holding every object
+    under the prefix, downloaded (the bucket must be in ``SPECSCRIBE_S3_ALLOWED_BUCKETS``)."""
+    from workers.object_store import fetch_inputs, is_s3_uri
+    from workers.settings import get_settings
+
+    if not is_s3_uri(str(audio)):
+        return Path(audio)
+    target = work_dir / "s3"
+    for path in fetch_inputs([str(audio)], target, get_settings()):
+        if not Path(path).exists():
+            raise FileNotFoundError(f"nothing found at {audio}")
+    return target
+
+
 def audio_chunks(audio: Path, work_dir: Path, hours_limit: float | None) -> Iterator[tuple[str, str, np.ndarray]]:
     """``(recording, key, pcm)`` for every chunk of the recordings under ``audio`` (a directory or an
     archive), in file-name order, until ``hours_limit`` hours of chunks."""
@@ -380,7 +395,8 @@ class DistillConfig:
     """One ``specscribe drafter distill`` run."""
 
     verifier: str
-    audio: Path
+    audio: Path | str
+    """A directory, an archive, or ``s3://bucket/prefix/``."""
     out: Path
     layers: int = 2
     device: str = "cpu"
@@ -407,7 +423,8 @@ def run_distill(config: DistillConfig) -> dict:
     cache = (config.cache_dir or get_settings().cache_dir / "distill") / f"v{LABELS_VERSION}-{fingerprint[:16]}"
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="specscribe-distill-") as work:
-        chunks = audio_chunks(config.audio, Path(work), config.hours_limit)
+        audio = local_audio(config.audio, Path(work))
+        chunks = audio_chunks(audio, Path(work), config.hours_limit)
         kept, dropped = load_or_label(decoder, cache, chunks, config.language, config.top_k)
     label_seconds = time.perf_counter() - began
     if len(kept) < 2:
