@@ -55,17 +55,8 @@ def s3_listen() -> None:
 
 def flower(port: int = typer.Option(5555, help="Port."), address: str = typer.Option("0.0.0.0", help="Bind.")) -> None:
     """Run Flower on the service's broker (task args are job ids, chunk ids and recording ids)."""
-    command = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "workers.celery_app",
-        "flower",
-        f"--port={port}",
-        f"--address={address}",
-    ]
-    os.execv(command[0], command)  # this interpreter's celery: the venv need not be on PATH
+    celery = [sys.executable, "-m", "celery", "-A", "workers.celery_app"]  # this interpreter's: PATH may lack it
+    os.execv(sys.executable, [*celery, "flower", f"--port={port}", f"--address={address}"])
 
 
 def _client():
