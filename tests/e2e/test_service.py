@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from api.routes.hooks import SIGNATURE_HEADER, sign
 from api.s3_events import SqsListener
 from tests.e2e.conftest import LECTURE_BUCKET, UPLOAD_BUCKET, Cluster, lecture, write_wav
 from tests.e2e.test_distributed import assert_ordered_cues, parse_cues
+from tests.integration.edge_fixtures import free_port
 from workers.asr.bench import word_error_rate
 from workers.celery_app import make_celery
 from workers.db_models import Job
@@ -76,9 +76,7 @@ class Service:
 @pytest.fixture(scope="module")
 def flower(cluster: Cluster) -> Iterator[str]:
     """``specscribe flower`` on the cluster's broker (API open for the test); yields its URL."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {**os.environ, **cluster.env, "FLOWER_UNAUTHENTICATED_API": "true"}
     command = [
         str(Path(sys.executable).with_name("specscribe")),

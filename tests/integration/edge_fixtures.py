@@ -26,7 +26,8 @@ UPLOAD_LIMIT = 1_000_000
 WEBHOOK_SECRET = "hook-secret"
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on loopback right now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -37,7 +38,7 @@ def moto_endpoint() -> Iterator[str]:
     """A moto server (S3 + SQS) on a free loopback port, with fake credentials in the environment."""
     from moto.server import ThreadedMotoServer
 
-    port = _free_port()
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     with pytest.MonkeyPatch.context() as patch:
