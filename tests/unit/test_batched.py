@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from workers.asr.batched import BatchedDecoder, ChunkInput
+from workers.asr.distilled import build_drafter
 from workers.asr.loading import Drafter, LoadedPair, Verifier, WhisperParts
 from workers.asr.speculative import SpeculativeDecoder
 from workers.asr.token_rules import DecodeOptions
@@ -26,6 +27,17 @@ def noisy_drafter(verifier: Verifier, scale: float = 0.3) -> Drafter:
                 scale * parameter.std() * torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype)
             )
     return Drafter(WhisperParts(model.model.decoder, model.proj_out, model.config), "noisy", True)
+
+
+def layer_drafter(verifier: Verifier) -> Drafter:
+    """The verifier's first and last decoder layers (a distilled drafter's start): attends with those
+    layers' cross K/V of the verifier."""
+    model = build_drafter(verifier, [0, verifier.model.config.decoder_layers - 1])
+    layers = (0, verifier.model.config.decoder_layers - 1)
+    return Drafter(WhisperParts(model.model.decoder, model.proj_out, model.config), "layers", True, layers)
+
+
+DRAFTERS = {"often": often_drafter, "noisy": noisy_drafter, "layers": layer_drafter}
 
 
 def _chunks(count: int, seed: int) -> list[ChunkInput]:
@@ -52,10 +64,10 @@ def _alone(verifier, chunks: list[ChunkInput]) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("batch_size", [2, 5, 8])
-@pytest.mark.parametrize("drafter_kind", ["often", "noisy"])
+@pytest.mark.parametrize("drafter_kind", sorted(DRAFTERS))
 def test_every_row_equals_batch1_greedy(batch_size: int, drafter_kind: str) -> None:
     verifier = tiny_verifier(batch_size)
-    drafter = often_drafter(verifier) if drafter_kind == "often" else noisy_drafter(verifier)
+    drafter = DRAFTERS[drafter_kind](verifier)
     chunks = _chunks(2 * batch_size + 1, seed=batch_size)
     expected = _alone(verifier, chunks)
     decoder = BatchedDecoder(LoadedPair(verifier, drafter), batch_size)

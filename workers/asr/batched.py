@@ -147,10 +147,10 @@ class BatchedDecoder:
         drafter = self.pair.drafter
         if draft and drafter is not None and self.drafter is not None:
             if drafter.shares_cross_kv and self.drafter.dtype == self.verifier.dtype:
-                self.drafter.share_cross(self.verifier)
+                self.drafter.share_cross(drafter.verifier_cross(self.verifier.cross))
                 self.drafter.reset(slots)
             elif drafter.shares_cross_kv:
-                self.drafter.load(slots, verifier_cross)
+                self.drafter.load(slots, drafter.verifier_cross(verifier_cross))
             elif drafter.shares_encoder:
                 self.drafter.load(slots, self.drafter.cross_kv(encoder_out))
             else:

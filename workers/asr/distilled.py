@@ -193,6 +193,28 @@ def load_distilled_drafter(path: str, verifier: Verifier, quantize: bool | None 
             model.proj_out = copy.deepcopy(model.proj_out)  # the verifier keeps its float projection
         names = {n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n.endswith(_INT8_LAYERS)}
         model = torch.ao.quantization.quantize_dynamic(model, names, dtype=torch.qint8, inplace=True)
+    cross_layers = None
+    if _verifier_cross_projections(tensors, verifier, meta["layer_map"]):
+        cross_layers = tuple(meta["layer_map"])
+        source = verifier.model.model.decoder.layers
+        for layer, index in zip(model.model.decoder.layers, cross_layers):
+            layer.encoder_attn.k_proj = source[index].encoder_attn.k_proj
+            layer.encoder_attn.v_proj = source[index].encoder_attn.v_proj
     ref = f"distilled:{path}"
     parts = WhisperParts(model.model.decoder, model.proj_out, model.config)
-    return Drafter(parts, ref, shares_encoder=True, hf_model=model)
+    return Drafter(parts, ref, shares_encoder=True, cross_layers=cross_layers, hf_model=model)
+
+
+def _verifier_cross_projections(tensors: dict[str, torch.Tensor], verifier: Verifier, layer_map: list[int]) -> bool:
+    """Whether the stored cross-attention key/value projections are the verifier's ``layer_map`` layers' (as
+    trained: frozen, stored fp16). Then the drafter attends with the verifier's cross K/V of those layers
+    instead of projecting the encoder output again (2 x 1500 x 512 x 512 per layer and chunk)."""
+    source = verifier.model.model.decoder.layers
+    for i, index in enumerate(layer_map):
+        for name in ("k_proj", "v_proj"):
+            own = source[index].encoder_attn.get_submodule(name).state_dict()
+            for key, value in own.items():
+                stored = tensors.get(f"layers.{i}.encoder_attn.{name}.{key}")
+                if stored is None or not torch.equal(stored, value.detach().to("cpu", stored.dtype)):
+                    return False
+    return True

@@ -103,9 +103,9 @@ class KVDecoder:
         for r in rows:
             self.lengths[r] = 0
 
-    def share_cross(self, other: KVDecoder) -> None:
-        """Attend to another decoder's cross K/V slots (the int8 drafter reads the verifier's)."""
-        self.cross = other.cross
+    def share_cross(self, cross: CrossKV) -> None:
+        """Attend to cross K/V slots another decoder holds (a drafter reads the verifier's, uncopied)."""
+        self.cross = cross
 
     def crop(self, row: int, length: int) -> None:
         """Forget everything past ``length`` tokens of ``row`` (after a rejected draft)."""
@@ -136,11 +136,11 @@ class KVDecoder:
         hidden = self.decoder.embed_tokens(tokens) + self.decoder.embed_positions.weight[offsets]
         end = max(starts) + q
         mask = self._mask(starts, q, end)
-        same = len(set(starts)) == 1
+        runs = _runs(rows)
+        aligned = len(runs) == 1 and len(set(starts)) == 1
         row_index = torch.tensor(rows, device=self.device)
-        contiguous_rows = rows == list(range(rows[0], rows[0] + n))
         for i, layer in enumerate(self.layers):
-            hidden = self._layer(i, layer, hidden, rows, row_index, contiguous_rows, starts, same, q, end, mask)
+            hidden = self._layer(i, layer, hidden, row_index, runs, starts[0] if aligned else None, offsets, end, mask)
         for j, r in enumerate(rows):
             self.lengths[r] += q if counts is None else counts[j]
         if gather is not None:
@@ -159,16 +159,14 @@ class KVDecoder:
         i: int,
         layer: nn.Module,
         hidden: torch.Tensor,
-        rows: list[int],
         row_index: torch.Tensor,
-        contiguous_rows: bool,
-        starts: list[int],
-        same: bool,
-        q: int,
+        runs: list[tuple[int, int, int]],
+        aligned_start: int | None,
+        positions: torch.Tensor,
         end: int,
         mask: torch.Tensor | None,
     ) -> torch.Tensor:
-        n = hidden.shape[0]
+        n, q = hidden.shape[:2]
         attn = layer.self_attn
         residual = hidden
         h = layer.self_attn_layer_norm(hidden)
@@ -176,17 +174,15 @@ class KVDecoder:
         key = _linear(attn.k_proj, h).view(n, q, self.heads, self.head_dim).transpose(1, 2)
         value = _linear(attn.v_proj, h).view(n, q, self.heads, self.head_dim).transpose(1, 2)
         cache_k, cache_v = self.keys[i], self.values[i]
-        if same and contiguous_rows:
-            lo, hi, s = rows[0], rows[0] + n, starts[0]
-            cache_k[lo:hi, :, s : s + q] = key
-            cache_v[lo:hi, :, s : s + q] = value
-            keys, values = cache_k[lo:hi, :, :end], cache_v[lo:hi, :, :end]
-        else:
-            for j, (r, s) in enumerate(zip(rows, starts)):
-                cache_k[r, :, s : s + q] = key[j]
-                cache_v[r, :, s : s + q] = value[j]
-            keys, values = cache_k[row_index, :, :end], cache_v[row_index, :, :end]
-        h = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=1.0)
+        if aligned_start is not None:  # consecutive rows at one length: a slice write
+            lo, s = runs[0][1], aligned_start
+            cache_k[lo : lo + n, :, s : s + q] = key
+            cache_v[lo : lo + n, :, s : s + q] = value
+        else:  # ragged: each row's keys go to its own offset, in one indexed write
+            where = (row_index[:, None], slice(None), positions)
+            cache_k[where] = key.transpose(1, 2)
+            cache_v[where] = value.transpose(1, 2)
+        h = _attention(query, cache_k[:, :, :end], cache_v[:, :, :end], runs, mask)
         h = _linear(attn.out_proj, h.transpose(1, 2).reshape(n, q, -1))
         hidden = residual + h
 
@@ -194,12 +190,7 @@ class KVDecoder:
         residual = hidden
         h = layer.encoder_attn_layer_norm(hidden)
         query = (_linear(cross.q_proj, h) * self.scaling).view(n, q, self.heads, self.head_dim).transpose(1, 2)
-        ck, cv = self.cross[i]
-        if contiguous_rows:
-            ck, cv = ck[rows[0] : rows[0] + n], cv[rows[0] : rows[0] + n]
-        else:
-            ck, cv = ck[row_index], cv[row_index]
-        h = F.scaled_dot_product_attention(query, ck, cv, scale=1.0)
+        h = _attention(query, *self.cross[i], runs, None)
         h = _linear(cross.out_proj, h.transpose(1, 2).reshape(n, q, -1))
         hidden = residual + h
 
@@ -207,3 +198,36 @@ class KVDecoder:
         h = layer.final_layer_norm(hidden)
         h = _linear(layer.fc2, layer.activation_fn(_linear(layer.fc1, h)))
         return residual + h
+
+
+def _runs(rows: list[int]) -> list[tuple[int, int, int]]:
+    """``rows`` as runs of consecutive cache rows: (first index in ``rows``, first cache row, length)."""
+    runs: list[tuple[int, int, int]] = []
+    for j, r in enumerate(rows):
+        if runs and runs[-1][1] + runs[-1][2] == r:
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((j, r, 1))
+    return runs
+
+
+def _attention(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    runs: list[tuple[int, int, int]],
+    mask: torch.Tensor | None,
+) -> torch.Tensor:
+    """Attention of each query row to its own cache row, one call per run of consecutive rows: cache rows are
+    sliced (views), never gathered — gathering copied every active row's 1500-frame cross K/V per layer."""
+    parts = [
+        F.scaled_dot_product_attention(
+            query[j : j + m],
+            keys[lo : lo + m],
+            values[lo : lo + m],
+            attn_mask=None if mask is None else mask[j : j + m],
+            scale=1.0,
+        )
+        for j, lo, m in runs
+    ]
+    return parts[0] if len(parts) == 1 else torch.cat(parts)

@@ -77,14 +77,26 @@ class Verifier:
 @dataclass
 class Drafter:
     """A loaded drafter. ``shares_encoder``: it reads the verifier's encoder output.
-    ``shares_cross_kv``: it also reuses the verifier's cross-attention keys/values (the int8 drafter)."""
+    ``cross_layers``: its layer i attends with the verifier's layer ``cross_layers[i]`` cross-attention
+    keys/values (its key/value projections are the verifier's: the int8 and distilled drafters)."""
 
     parts: WhisperParts
     ref: str
     shares_encoder: bool
-    shares_cross_kv: bool = False
+    cross_layers: tuple[int, ...] | None = None
     hf_model: nn.Module | None = None
     """The drafter as a transformers model, for ``generate(assistant_model=...)`` baselines."""
+
+    @property
+    def shares_cross_kv(self) -> bool:
+        """Whether it reuses the verifier's cross-attention keys/values instead of projecting its own."""
+        return self.cross_layers is not None
+
+    def verifier_cross(self, cross: list) -> list:
+        """The verifier's per-layer cross K/V picked for this drafter's layers."""
+        if self.cross_layers is None:
+            raise ValueError(f"drafter {self.ref!r} projects its own cross-attention keys/values")
+        return [cross[i] for i in self.cross_layers]
 
 
 @dataclass
@@ -142,7 +154,8 @@ def quantized_decoder_drafter(verifier: Verifier) -> Drafter:
     causal = causal.float().eval()
     quantized = torch.ao.quantization.quantize_dynamic(causal, {nn.Linear}, dtype=torch.qint8)
     parts = WhisperParts(quantized.model.decoder, quantized.proj_out, quantized.config)
-    return Drafter(parts, "int8:", shares_encoder=True, shares_cross_kv=True, hf_model=quantized)
+    layers = tuple(range(len(parts.decoder.layers)))
+    return Drafter(parts, "int8:", shares_encoder=True, cross_layers=layers, hf_model=quantized)
 
 
 def _load_decoder_only(ref: str, device: torch.device, dtype: torch.dtype) -> Drafter:

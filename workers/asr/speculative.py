@@ -140,7 +140,7 @@ class SpeculativeDecoder:
         if drafter is None or self.drafter_decoder is None:
             return []
         if drafter.shares_cross_kv:
-            return verifier_cross
+            return drafter.verifier_cross(verifier_cross)
         if drafter.shares_encoder:
             return self.drafter_decoder.cross_kv(encoder_out)
         own = drafter.parts.encoder(features.to(self.drafter_decoder.dtype)).last_hidden_state
