@@ -101,6 +101,7 @@ def drafter_distill(
         16384, min=0, help="Text tokens the drafter may propose (plus special tokens); 0: all."
     ),
     threads: int = typer.Option(1, min=1, help="torch CPU threads (1 is fastest on a busy shared CPU)."),
+    label_batch: int = typer.Option(8, min=1, help="Chunks the verifier labels together (1: one at a time)."),
 ) -> None:
     """Distil a decoder-only drafter for VERIFIER from unlabeled audio (pseudo-labelled by the verifier)."""
     import shlex
@@ -119,7 +120,7 @@ def drafter_distill(
     command = shlex.join(["specscribe", *sys.argv[1:]])
     config = DistillConfig(
         verifier, audio, out, layers, device, hours_limit, language, cache_dir=cache_dir, resume=resume, train=train,
-        command=command, draft_vocab=draft_vocab,
+        command=command, draft_vocab=draft_vocab, label_batch=label_batch,
     )  # fmt: skip
     meta = run_distill(config)
     print(

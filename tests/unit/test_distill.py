@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Iterator
 
@@ -51,8 +52,8 @@ def labelled(verifier: Verifier, seeds: range) -> list[Labelled]:
         features = tiny_features(seed, DTYPE)
         generated = decoder.decode(features, OPTIONS, 3.0, draft=False).tokens
         encoder = verifier.parts.encoder(features).last_hidden_state.detach()
-        sequence = teacher_top(verifier, encoder, prompt + generated, len(prompt), 8)
-        out.append(Labelled(f"c{seed}", f"g{seed % 4}", 3.0, encoder[0].half(), [sequence]))
+        sequences = teacher_top(verifier, encoder, [(prompt + generated, len(prompt))], 8)
+        out.append(Labelled(f"c{seed}", f"g{seed % 4}", 3.0, encoder[0].half(), sequences))
     return out
 
 
@@ -185,6 +186,67 @@ def test_speculative_with_distilled_drafter_is_lossless(
             spec = decoder.decode(features, options, 3.0)
             assert spec.tokens == decoder.decode(features, options, 3.0, draft=False).tokens
             assert spec.stats.drafted > 0
+
+
+def test_drafter_reuses_the_verifiers_cross_kv_only_when_its_projections_are_the_verifiers(setup, tmp_path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    from workers.asr.distilled import load_distilled_drafter
+
+    verifier, chunks = setup
+    _saved(verifier, chunks, tmp_path)
+    drafter = load_distilled_drafter(str(tmp_path), verifier)
+    assert drafter.cross_layers == (0, 3)
+    own_layer = drafter.parts.decoder.layers[1].encoder_attn
+    assert own_layer.k_proj is verifier.model.model.decoder.layers[3].encoder_attn.k_proj
+    cross = [(torch.full((1,), float(i)), torch.full((1,), -float(i))) for i in range(4)]
+    assert [float(k) for k, _ in drafter.verifier_cross(cross)] == [0.0, 3.0]
+
+    tensors = load_file(str(tmp_path / WEIGHTS))
+    tensors["layers.1.encoder_attn.v_proj.bias"] = tensors["layers.1.encoder_attn.v_proj.bias"] + 1
+    save_file(tensors, str(tmp_path / WEIGHTS))
+    retrained = load_distilled_drafter(str(tmp_path), verifier)
+    assert retrained.cross_layers is None and not retrained.shares_cross_kv
+    decoder = SpeculativeDecoder(LoadedPair(verifier, retrained))
+    features = tiny_features(30, DTYPE)
+    spec = decoder.decode(features, OPTIONS, 3.0)
+    assert spec.tokens == decoder.decode(features, OPTIONS, 3.0, draft=False).tokens
+
+
+def test_batched_labelling_equals_greedy_and_reuses_its_cache(setup, tmp_path, monkeypatch) -> None:
+    import numpy as np
+    from transformers import WhisperFeatureExtractor
+
+    from workers.asr.batched import BatchedDecoder
+    from workers.asr.distill import load_or_label
+
+    verifier, _ = setup
+    verifier = copy.copy(verifier)
+    verifier.processor = copy.copy(verifier.processor)
+    verifier.processor.feature_extractor = WhisperFeatureExtractor(chunk_length=3)  # the tiny 300-frame window
+    rng = np.random.default_rng(0)
+    pcms = [(rng.standard_normal(16000 * (1 + i % 3)) * 3000).astype(np.int16) for i in range(7)]
+    chunks = [(f"rec{i % 3}", f"rec{i % 3}-{i:03d}", pcm) for i, pcm in enumerate(pcms)]
+    single = SpeculativeDecoder(LoadedPair(verifier, None))
+    options = DecodeOptions(language="en", timestamps=True)
+    expected = [single.decode(single.features(pcm), options, len(pcm) / 16000, draft=False).tokens for pcm in pcms]
+
+    # random weights never say end-of-text: keep every label here (the filter has its own test)
+    monkeypatch.setattr("workers.asr.distill.hallucination_reason", lambda *_: None)
+    labeller = BatchedDecoder(LoadedPair(verifier, None), 3)
+    kept, dropped = load_or_label(labeller, tmp_path, iter(chunks), "en", 4)
+    assert [c.key for c in kept] == [key for _, key, _ in chunks] and not dropped
+    for chunk, tokens in zip(kept, expected):
+        timestamped, plain = chunk.sequences
+        assert timestamped.tokens[timestamped.prompt :] == tokens
+        assert plain.tokens[-1] == EOS and plain.top_ids.shape == (len(plain.tokens) - plain.prompt, 4)
+        assert chunk.encoder.dtype == torch.float16 and chunk.encoder.shape[0] == 150
+
+    monkeypatch.setattr("workers.asr.distill.hallucination_reason", lambda *_: "no end-of-text")
+    again, dropped = load_or_label(labeller, tmp_path, iter(chunks), "en", 4)  # from the cache: no relabelling
+    assert [c.key for c in again] == [c.key for c in kept] and not dropped
+    fresh, dropped = load_or_label(labeller, tmp_path / "other", iter(chunks), "en", 4)
+    assert not fresh and dropped == {"no end-of-text": len(chunks)}
 
 
 def test_default_policy_for_distilled_drafters() -> None:

@@ -3,12 +3,13 @@
 1. Ingest: recordings (a directory or an archive) are decoded and cut into <=30 s chunks by the
    ingest stage (:mod:`workers.decode`, :mod:`workers.chunk`); no transcripts are read.
 2. Label: the verifier decodes every chunk greedily **with timestamps** (as the pipeline does), through
-   our own loop. Each chunk yields two training sequences: the timestamped labels, and the same text
-   tokens under the no-timestamps prompt (the benchmark's setting), so the drafter serves both. A
-   teacher-forced verifier pass over each sequence gives the teacher's top-k log-probabilities. The
-   encoder output is kept (fp16) from the labelling pass. Labels that look like hallucinations
-   (empty, no end-of-text, gzip ratio > 2.4, a word 4-gram three times) are dropped and counted.
-   Labels are cached on disk per chunk, keyed by the verifier's fingerprint and the chunk's samples.
+   our own batched loop (``--label-batch`` chunks in flight, each row decoded as it would be alone).
+   Each chunk yields two training sequences: the timestamped labels, and the same text tokens under
+   the no-timestamps prompt (the benchmark's setting), so the drafter serves both. A teacher-forced
+   verifier pass over each sequence gives the teacher's top-k log-probabilities. The encoder output is
+   kept (fp16) from the labelling pass. Labels that look like hallucinations (empty, no end-of-text,
+   gzip ratio > 2.4, a word 4-gram three times) are dropped and counted. Labels are cached on disk
+   per chunk, keyed by the verifier's fingerprint and the chunk's samples.
 3. Train: ``len(layer_map)`` decoder layers initialised from maximally spaced verifier layers, the
    verifier's embeddings and projection frozen; loss = cross-entropy on the labels + KL to the
    teacher's top-k distribution. Batches follow a seeded schedule, so a run is reproducible and a
@@ -34,6 +35,7 @@ import torch.nn.functional as F
 from rich.progress import Progress
 from transformers import WhisperForCausalLM
 
+from workers.asr.batched import BatchedDecoder, ChunkInput
 from workers.asr.distilled import (
     build_drafter,
     choose_draft_vocab,
@@ -43,10 +45,10 @@ from workers.asr.distilled import (
     spaced_layers,
     verifier_fingerprint,
 )
+from workers.asr.kv_decoder import KVDecoder
 from workers.asr.loading import LoadedPair, Verifier, load_verifier
-from workers.asr.speculative import SpeculativeDecoder
-from workers.asr.token_rules import DecodeOptions
-from workers.types import SAMPLE_RATE
+from workers.asr.token_rules import DecodeOptions, TokenRules
+from workers.types import SAMPLE_RATE, DecodeResult
 
 LABELS_VERSION = 1
 """Part of every label-cache key: bump when labelling changes."""
@@ -120,41 +122,35 @@ def hallucination_reason(text: str, tokens: list[int], eos: int) -> str | None:
 
 
 @torch.inference_mode()
-def teacher_top(verifier: Verifier, encoder: torch.Tensor, tokens: list[int], prompt: int, k: int) -> Sequence:
-    """A teacher-forced verifier pass over ``tokens``: top-k log-probs at the predicted positions."""
-    parts = verifier.parts
-    ids = torch.tensor([tokens[:-1]], device=verifier.device)
-    hidden = parts.decoder(input_ids=ids, encoder_hidden_states=encoder, use_cache=False).last_hidden_state
-    hidden = hidden[0, prompt - 1 :]
-    logp = torch.log_softmax(parts.proj_out(hidden).float(), -1)
-    top = logp.topk(k, -1)
-    return Sequence(list(tokens), prompt, top.indices.int().cpu(), top.values.half().cpu())
+def teacher_top(
+    verifier: Verifier, encoder: torch.Tensor, sequences: list[tuple[list[int], int]], k: int
+) -> list[Sequence]:
+    """Teacher-forced verifier passes over ``(tokens, prompt length)`` sequences of one chunk (encoder output
+    [1, frames, d_model]): top-k log-probs at the predicted positions. Cross K/V are projected once."""
+    decoder = KVDecoder(verifier.parts, 1, verifier.model.config.max_target_positions)
+    cross = decoder.cross_kv(encoder)
+    out = []
+    for tokens, prompt in sequences:
+        decoder.start(cross)
+        logits = decoder.forward(torch.tensor([tokens[:-1]], device=verifier.device))[0, prompt - 1 :]
+        top = torch.log_softmax(logits.float(), -1).topk(k, -1)
+        out.append(Sequence(list(tokens), prompt, top.indices.int().cpu(), top.values.half().cpu()))
+    return out
 
 
-def label_features(
-    decoder: SpeculativeDecoder, features: torch.Tensor, seconds: float, language: str | None, k: int
-) -> tuple[torch.Tensor, list[Sequence]] | str:
-    """Label one chunk's features: (encoder output fp16, sequences), or the reason it was dropped."""
-    verifier = decoder.pair.verifier
-    captured: dict[str, torch.Tensor] = {}
-    hook = verifier.parts.encoder.register_forward_hook(
-        lambda _m, _i, out: captured.__setitem__("encoder", out.last_hidden_state)
-    )
-    try:
-        result = decoder.decode(features, DecodeOptions(language=language, timestamps=True), seconds, draft=False)
-    finally:
-        hook.remove()
-    rules = decoder.rules
+def label_sequences(
+    verifier: Verifier, rules: TokenRules, result: DecodeResult, encoder: torch.Tensor, k: int
+) -> list[Sequence] | str:
+    """The training sequences of one chunk's timestamped greedy decode, or the reason it is dropped."""
     reason = hallucination_reason(result.text, result.tokens, rules.eos)
     if reason:
         return reason
-    encoder = captured["encoder"]
     lang = rules.language_token(result.language) if result.language else None
     sequences = []
     for timestamps, generated in ((True, result.tokens), (False, [*rules.text_ids(result.tokens), rules.eos])):
         prompt = rules.prompt(lang, DecodeOptions(timestamps=timestamps))
-        sequences.append(teacher_top(verifier, encoder, prompt + generated, len(prompt), k))
-    return encoder[0].half().cpu(), sequences
+        sequences.append((prompt + generated, len(prompt)))
+    return teacher_top(verifier, encoder[None], sequences, k)
 
 
 def local_audio(audio: Path | str, work_dir: Path) -> Path:
@@ -180,7 +176,7 @@ def audio_chunks(audio: Path, work_dir: Path, hours_limit: float | None) -> Iter
     from workers.decode import DecodeError, decode
     from workers.types import MemberFailure
 
-    inputs = sorted(p for p in audio.rglob("*") if p.suffix.lower() in AUDIO_SUFFIXES) if audio.is_dir() else [audio]
+    inputs = sorted(p for p in audio.rglob("*") if _is_recording(p)) if audio.is_dir() else [audio]
     budget = math.inf if hours_limit is None else hours_limit * 3600
     for item in iter_recordings(inputs, work_dir):
         if isinstance(item, MemberFailure):
@@ -198,39 +194,66 @@ def audio_chunks(audio: Path, work_dir: Path, hours_limit: float | None) -> Iter
             yield item.name, f"{Path(item.name).stem}-{chunk.index:03d}-{digest}", samples
 
 
+def _is_recording(path: Path) -> bool:
+    """An audio file, not one still being written (``name.tmp.flac``, as the corpus writes them)."""
+    return path.suffix.lower() in AUDIO_SUFFIXES and not path.stem.endswith(".tmp")
+
+
 def load_or_label(
-    decoder: SpeculativeDecoder,
+    labeller: BatchedDecoder,
     cache: Path,
     chunks: Iterator[tuple[str, str, np.ndarray]],
     language: str | None,
     k: int,
 ) -> tuple[list[Labelled], Counter]:
-    """Label every chunk (reusing ``cache``); returns the kept chunks and the dropped counts by reason."""
+    """Label every chunk (reusing ``cache``); returns the kept chunks in input order and the dropped counts.
+
+    Uncached chunks are decoded together, ``labeller.batch_size`` in flight (continuous batching): one
+    verifier step then serves several chunks, so labelling is several times faster than chunk by chunk."""
     cache.mkdir(parents=True, exist_ok=True)
-    kept: list[Labelled] = []
+    kept: dict[int, Labelled] = {}
     dropped: Counter = Counter()
-    with Progress(transient=False) as bar:
-        task = bar.add_task("labelling chunks (verifier greedy)", total=None)
-        for recording, key, pcm in chunks:
+    options = DecodeOptions(language=language, timestamps=True)
+    waiting: list[tuple[int, str, str, np.ndarray] | None] = []  # decode index -> (position, recording, key, pcm)
+    encoders: list[torch.Tensor | None] = []  # decode index -> encoder output, captured as chunks are admitted
+
+    def keep(position: int, recording: str, key: str, seconds: float, entry: dict) -> None:
+        if "dropped" in entry:
+            dropped[entry["dropped"]] += 1
+        else:
+            kept[position] = Labelled(key, recording, seconds, entry["encoder"], entry["sequences"])
+        bar.update(task, advance=seconds, description=f"labelling: {len(kept)} kept, {sum(dropped.values())} dropped")
+
+    def uncached() -> Iterator[ChunkInput]:
+        for position, (recording, key, pcm) in enumerate(chunks):
             path = cache / f"{key}.pt"
             if path.exists():
-                entry = torch.load(path, weights_only=False)
-            else:
-                features = decoder.features(pcm)
-                out = label_features(decoder, features, len(pcm) / SAMPLE_RATE, language, k)
-                entry = {"dropped": out} if isinstance(out, str) else {"encoder": out[0], "sequences": out[1]}
+                keep(position, recording, key, len(pcm) / SAMPLE_RATE, torch.load(path, weights_only=False))
+                continue
+            waiting.append((position, recording, key, pcm))
+            yield ChunkInput(labeller.features(pcm), options, len(pcm) / SAMPLE_RATE)
+
+    verifier = labeller.pair.verifier
+    # the labeller admits chunks in input order, so encoder rows arrive in decode-index order
+    hook = verifier.parts.encoder.register_forward_hook(
+        lambda _m, _i, out: encoders.extend(row.half().cpu() for row in out.last_hidden_state)
+    )
+    with Progress(transient=False) as bar:
+        task = bar.add_task("labelling chunks (verifier greedy)", total=None)
+        try:
+            for index, result in labeller.decode_many(uncached(), draft=False):
+                position, recording, key, pcm = waiting[index]
+                encoder = encoders[index]
+                waiting[index] = encoders[index] = None  # done: free the audio and encoder output
+                out = label_sequences(verifier, labeller.rules, result, encoder.to(verifier.device, verifier.dtype), k)
+                entry = {"dropped": out} if isinstance(out, str) else {"encoder": encoder, "sequences": out}
+                path = cache / f"{key}.pt"
                 torch.save(entry, path.with_suffix(".tmp"))
                 path.with_suffix(".tmp").replace(path)
-            if "dropped" in entry:
-                dropped[entry["dropped"]] += 1
-            else:
-                kept.append(Labelled(key, recording, len(pcm) / SAMPLE_RATE, entry["encoder"], entry["sequences"]))
-            bar.update(
-                task,
-                advance=len(pcm) / SAMPLE_RATE,
-                description=f"labelling: {len(kept)} kept, {sum(dropped.values())} dropped, audio s",
-            )
-    return kept, dropped
+                keep(position, recording, key, len(pcm) / SAMPLE_RATE, entry)
+        finally:
+            hook.remove()
+    return [kept[position] for position in sorted(kept)], dropped
 
 
 def split_heldout(chunks: list[Labelled], fraction: float = 0.1) -> tuple[list[Labelled], list[Labelled]]:
@@ -405,6 +428,8 @@ class DistillConfig:
     top_k: int = 16
     draft_vocab: int = 16384
     """Text tokens the drafter may propose (label frequency, then lowest ids) besides special tokens; 0: all."""
+    label_batch: int = 8
+    """Chunks the verifier labels together (continuous batching)."""
     cache_dir: Path | None = None
     resume: bool = False
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -419,13 +444,13 @@ def run_distill(config: DistillConfig) -> dict:
 
     verifier = load_verifier(config.verifier, config.device)
     fingerprint = verifier_fingerprint(verifier)
-    decoder = SpeculativeDecoder(LoadedPair(verifier, None))
+    labeller = BatchedDecoder(LoadedPair(verifier, None), config.label_batch)
     cache = (config.cache_dir or get_settings().cache_dir / "distill") / f"v{LABELS_VERSION}-{fingerprint[:16]}"
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="specscribe-distill-") as work:
         audio = local_audio(config.audio, Path(work))
         chunks = audio_chunks(audio, Path(work), config.hours_limit)
-        kept, dropped = load_or_label(decoder, cache, chunks, config.language, config.top_k)
+        kept, dropped = load_or_label(labeller, cache, chunks, config.language, config.top_k)
     label_seconds = time.perf_counter() - began
     if len(kept) < 2:
         raise ValueError(f"only {len(kept)} usable chunks under {config.audio}; need at least 2")
