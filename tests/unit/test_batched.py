@@ -10,7 +10,7 @@ import torch
 from workers.asr.batched import BatchedDecoder, ChunkInput
 from workers.asr.distilled import build_drafter
 from workers.asr.loading import Drafter, LoadedPair, Verifier, WhisperParts
-from workers.asr.speculative import SpeculativeDecoder
+from workers.asr.speculative import DraftPolicy, SpeculativeDecoder
 from workers.asr.token_rules import DecodeOptions
 
 from .conftest import tiny_features, tiny_verifier
@@ -112,3 +112,16 @@ def test_finished_rows_free_their_slots() -> None:
     assert len(order) == 10  # ... while nine short chunks passed through the other two slots
     expected = _alone(verifier, chunks[:1])
     assert dict(BatchedDecoder(LoadedPair(verifier, None), batch_size).decode_many(chunks[:1]))[0].tokens == expected[0]
+
+
+@pytest.mark.parametrize("confidence", [0.9, 1.01])
+def test_confidence_cut_off_is_lossless_and_verifies_its_unsure_draft(confidence: float) -> None:
+    verifier = tiny_verifier(31)
+    chunks = _chunks(7, seed=31)
+    policy = DraftPolicy(initial=6, minimum=6, maximum=6, confidence=confidence)
+    results = dict(BatchedDecoder(LoadedPair(verifier, noisy_drafter(verifier)), 4, policy).decode_many(chunks))
+    expected = _alone(verifier, chunks)
+    assert all(results[i].tokens == expected[i] for i in results)
+    assert all(r.stats.drafted == r.stats.drafter_steps for r in results.values())  # no drafter step thrown away
+    if confidence > 1:  # never sure: one draft per round
+        assert all(r.stats.verifier_passes - r.stats.drafted <= 1 for r in results.values())

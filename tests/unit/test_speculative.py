@@ -208,6 +208,13 @@ def test_confidence_policy_is_lossless_and_drafts_less() -> None:
     plain = SpeculativeDecoder(LoadedPair(verifier, None)).decode(features, options)
     assert fixed.tokens == confident.tokens == plain.tokens
     assert confident.stats.drafted < fixed.stats.drafted
+    # no draft is ever sure enough: each round verifies the one draft its drafter step made, none is thrown away
+    unsure = SpeculativeDecoder(pair, DraftPolicy(initial=6, minimum=6, maximum=6, confidence=1.01)).decode(
+        features, options
+    )
+    assert unsure.tokens == plain.tokens
+    assert unsure.stats.drafted == unsure.stats.drafter_steps
+    assert unsure.stats.verifier_passes - unsure.stats.drafted <= 1  # the last pass may have no budget left
 
 
 def test_result_carries_text_segments_and_stats() -> None:

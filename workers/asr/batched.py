@@ -225,11 +225,10 @@ class BatchedDecoder:
                 scores = row.run.process(prefix, logits[j])
                 token = int(scores.argmax())
                 budget = min(row.k, row.run.max_length - len(row.tokens) - 1)
-                if confidence is not None and row.drafts and float(torch.softmax(scores, -1)[token]) < confidence:
-                    continue
                 row.drafts.append(token)
                 prefix.append(token)
-                if token != self.rules.eos and len(row.drafts) < budget:
+                unsure = confidence is not None and float(torch.softmax(scores, -1)[token]) < confidence
+                if token != self.rules.eos and len(row.drafts) < budget and not unsure:
                     pending[row.slot] = [token]
                     still.append(row)
             drafting = still
