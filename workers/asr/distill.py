@@ -50,7 +50,7 @@ from workers.asr.loading import LoadedPair, Verifier, load_verifier
 from workers.asr.token_rules import DecodeOptions, TokenRules
 from workers.types import SAMPLE_RATE, DecodeResult
 
-LABELS_VERSION = 1
+LABELS_VERSION = 2
 """Part of every label-cache key: bump when labelling changes."""
 AUDIO_SUFFIXES = (".flac", ".wav", ".mp3", ".ogg", ".opus", ".m4a", ".webm", ".mp4", ".aac")
 
