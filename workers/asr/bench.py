@@ -2,8 +2,8 @@
 
 All four methods run in one process on the same clips and the same log-mel features:
 transformers ``generate()`` plain, transformers ``generate(assistant_model=...)`` with the same
-drafter, our loop plain, our loop speculative. Clips are synthesised lecture speech of chunk length
-(20-30 s) with their reference texts, so WER is measured too.
+drafter, our loop plain, our loop speculative, clip by clip in an order that rotates. Clips are
+synthesised lecture speech of chunk length (20-30 s) with their reference texts, so WER is measured too.
 """
 
 from __future__ import annotations
@@ -111,7 +111,9 @@ def run_engine_bench(config: EngineBenchConfig, progress: Callable[[str], None] 
     runs = {name: MethodRun() for name in METHODS}
     for i, (clip, feats) in enumerate(zip(clips, features)):
         progress(f"clip {i + 1}/{len(clips)} ({clip.seconds:.1f} s)")
-        for name, fn in methods.items():
+        # the order rotates per clip: on a shared CPU a run's speed depends on what ran just before it
+        for name in METHODS[i % len(METHODS) :] + METHODS[: i % len(METHODS)]:
+            fn = methods[name]
             call = lambda fn=fn, feats=feats, seconds=clip.seconds: fn(feats, seconds)  # noqa: E731
             (ids, text, stats), seconds = _timed(call, decoder.device)
             run = runs[name]
