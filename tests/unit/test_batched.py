@@ -32,8 +32,8 @@ def noisy_drafter(verifier: Verifier, scale: float = 0.3) -> Drafter:
 def layer_drafter(verifier: Verifier) -> Drafter:
     """The verifier's first and last decoder layers (a distilled drafter's start): attends with those
     layers' cross K/V of the verifier."""
-    model = build_drafter(verifier, [0, verifier.model.config.decoder_layers - 1])
     layers = (0, verifier.model.config.decoder_layers - 1)
+    model = build_drafter(verifier, list(layers))
     return Drafter(WhisperParts(model.model.decoder, model.proj_out, model.config), "layers", True, layers)
 
 

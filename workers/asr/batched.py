@@ -206,7 +206,6 @@ class BatchedDecoder:
             if min(row.k, row.run.max_length - len(row.tokens) - 1) > 0:
                 pending[row.slot] = row.tokens[drafter.lengths[row.slot] :]
                 drafting.append(row)
-        confidence = self.policy.confidence
         while drafting:
             t0 = time.perf_counter()
             counts = [len(pending[row.slot]) for row in drafting]
@@ -227,8 +226,7 @@ class BatchedDecoder:
                 budget = min(row.k, row.run.max_length - len(row.tokens) - 1)
                 row.drafts.append(token)
                 prefix.append(token)
-                unsure = confidence is not None and float(torch.softmax(scores, -1)[token]) < confidence
-                if token != self.rules.eos and len(row.drafts) < budget and not unsure:
+                if token != self.rules.eos and len(row.drafts) < budget and not self.policy.unsure(scores, token):
                     pending[row.slot] = [token]
                     still.append(row)
             drafting = still

@@ -34,6 +34,11 @@ class DraftPolicy:
     maximum: int = 16
     confidence: float | None = None
 
+    def unsure(self, scores: torch.Tensor, token: int) -> bool:
+        """Whether drafting stops after ``token``: its probability under the drafter's processed ``scores`` is
+        below the cut-off (never, without one)."""
+        return self.confidence is not None and float(torch.softmax(scores, -1)[token]) < self.confidence
+
     def next_k(self, k: int, drafted: int, accepted: int) -> int:
         """The draft length for the next round."""
         if drafted and accepted == drafted:
@@ -203,7 +208,6 @@ class SpeculativeDecoder:
         prefix = list(tokens)
         drafts: list[int] = []
         pending = prefix[drafter.lengths[0] :]
-        confidence = self.policy.confidence
         while len(drafts) < k:
             t0 = time.perf_counter()
             logits = drafter.forward(torch.tensor([pending], device=self.device))[0, -1]
@@ -215,7 +219,7 @@ class SpeculativeDecoder:
             prefix.append(token)
             if token == self.rules.eos:
                 break
-            if confidence is not None and float(torch.softmax(scores, -1)[token]) < confidence:
+            if self.policy.unsure(scores, token):
                 break  # an unsure draft is still verified (its step is paid for); drafting on from it is not
             pending = [token]
         return drafts
